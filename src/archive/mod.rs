@@ -1,0 +1,134 @@
+//! The interface every archive format implements. The FUSE adapter, the CLI's inspection
+//! commands and the tests all go through it, so a format is tested once, without a mount.
+
+mod source;
+
+use std::ops::{Deref, Range};
+use std::path::Path;
+use std::sync::Arc;
+
+pub use source::Source;
+
+use crate::cache::CacheConfig;
+use crate::error::{Error, Result};
+
+/// The inode number of the archive's root directory (FUSE's root is 1 too).
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    #[default]
+    File,
+    Dir,
+    Symlink,
+    BlockDev,
+    CharDev,
+    Fifo,
+    Socket,
+}
+
+/// What `stat` shows for one inode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    /// Permission bits including setuid, setgid and sticky (`mode & 0o7777`).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    /// Device number in the kernel's `new_encode_dev` form.
+    pub rdev: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: Box<[u8]>,
+}
+
+/// Totals for `statfs`.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    pub bytes: u64,
+    pub block_size: u32,
+    pub inodes: u64,
+    pub name_max: u32,
+}
+
+/// Bytes returned by a read: a slice of a cached block when one block covers the request
+/// (no copy), or an owned buffer when it spans several.
+pub enum Data {
+    Shared(Arc<Vec<u8>>, Range<usize>),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Data {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Data::Shared(block, range) => &block[range.clone()],
+            Data::Owned(v) => v,
+        }
+    }
+}
+
+/// A read-only archive: inode numbers are stable for the life of the object, and
+/// `ROOT_INO` is the root directory.
+pub trait Archive: Send + Sync {
+    /// Short name of the format, for logs and `archfs info`.
+    fn format(&self) -> String;
+    fn attr(&self, ino: u64) -> Result<Attr>;
+    /// Finds `name` in directory `dir`; `Error::NotFound` when absent.
+    fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr>;
+    /// All entries of a directory, without `.` and `..`, in archive order.
+    fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>>;
+    /// Up to `size` bytes from `offset`; fewer only at end of file.
+    fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data>;
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
+    /// Extended attributes as full names (`user.x`) and values.
+    fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    fn stats(&self) -> Stats;
+}
+
+/// Opens an archive, choosing the format by its content rather than its name.
+pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
+    let source = Source::open(path)?;
+    let mut magic = [0u8; 4];
+    if source.len() >= 4 {
+        source.read_exact_at(0, &mut magic)?;
+    }
+    if &magic == b"hsqs" {
+        return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
+    }
+    Err(Error::Unsupported(format!(
+        "{} is not a SquashFS image (no 'hsqs' magic); create one with `mksquashfs DIR {}`",
+        path.display(),
+        path.display()
+    )))
+}
+
+/// Walks `path` (relative to the archive root; `/` and `.` components are ignored) to
+/// its inode, for the inspection commands.
+pub fn resolve(archive: &dyn Archive, path: &Path) -> Result<Attr> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut attr = archive.attr(ROOT_INO)?;
+    for comp in path.components() {
+        match comp {
+            std::path::Component::Normal(name) => {
+                attr = archive.lookup(attr.ino, name.as_bytes())?;
+            }
+            std::path::Component::ParentDir => {
+                return Err(Error::Unsupported("`..` is not allowed in archive paths".into()))
+            }
+            _ => {}
+        }
+    }
+    Ok(attr)
+}

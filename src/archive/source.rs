@@ -1,0 +1,80 @@
+//! Positional reads on the archive file. `pread` needs no lock, so parallel readers never
+//! queue behind each other for I/O.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug)]
+pub struct Source {
+    file: File,
+    len: u64,
+    path: PathBuf,
+}
+
+impl Source {
+    pub fn open(path: &Path) -> Result<Source> {
+        let file = File::open(path).map_err(|e| {
+            let hint = match e.kind() {
+                std::io::ErrorKind::NotFound => "check the path",
+                std::io::ErrorKind::PermissionDenied => "check its permissions",
+                _ => "",
+            };
+            Error::io(format!("cannot open archive {} ({hint})", path.display()), e)
+        })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
+        if meta.is_dir() {
+            return Err(Error::Unsupported(format!(
+                "{} is a directory, not an archive",
+                path.display()
+            )));
+        }
+        Ok(Source {
+            file,
+            len: meta.len(),
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Fills `buf` from `pos`; a range past the end of the file means the archive is
+    /// truncated or an offset in it is corrupt.
+    pub fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        let end = pos.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > self.len) {
+            return Err(Error::corrupt(format!(
+                "read of {} bytes at offset {pos} is past the end of the archive ({} bytes): truncated?",
+                buf.len(),
+                self.len
+            )));
+        }
+        self.file.read_exact_at(buf, pos).map_err(|e| {
+            Error::io(
+                format!("read at offset {pos} of {}", self.path.display()),
+                e,
+            )
+        })
+    }
+
+    /// Reads `len` bytes at `pos` into a new buffer.
+    pub fn read_vec(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(pos, &mut buf)?;
+        Ok(buf)
+    }
+}

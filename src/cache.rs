@@ -1,0 +1,245 @@
+//! The shared block cache: sharded LRU maps bounded by bytes, with single-flight loading.
+//!
+//! When several readers miss the same block at once, one decompresses it and the others
+//! wait on the same slot. Blocks are handed out as `Arc`s, so eviction never frees a block
+//! a reader still holds. Metadata, fragments and data get separate budgets so a stream
+//! of data blocks cannot push out the inodes and directories every lookup needs.
+
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use lru::LruCache;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+/// How the user's `--cache-size` is split between the kinds of blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheConfig {
+    pub total_bytes: u64,
+}
+
+impl CacheConfig {
+    pub const DEFAULT_BYTES: u64 = 512 << 20;
+
+    /// Metadata gets 1/8 (at least 4 MiB: every lookup needs it), fragments 1/2 (datasets
+    /// of small files live in them), whole data blocks the rest.
+    pub fn split(&self) -> (usize, usize, usize) {
+        let total = self.total_bytes as usize;
+        let meta = (total / 8).max(4 << 20);
+        let frag = total / 2;
+        let data = total.saturating_sub(meta + frag).max(1 << 20);
+        (meta, frag, data)
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            total_bytes: Self::DEFAULT_BYTES,
+        }
+    }
+}
+
+/// Something the cache can hold and weigh.
+pub trait Weighted: Send + Sync {
+    fn weight(&self) -> usize;
+}
+
+impl Weighted for Vec<u8> {
+    fn weight(&self) -> usize {
+        self.capacity()
+    }
+}
+
+struct Slot<V> {
+    value: OnceLock<Option<Arc<V>>>,
+    /// Bytes this slot added to its shard's total (0 until loaded and still present).
+    charged: AtomicUsize,
+}
+
+struct Shard<V> {
+    map: LruCache<u64, Arc<Slot<V>>, BuildHasherDefault<IdentityHasher>>,
+    bytes: usize,
+}
+
+/// A byte-bounded cache of decoded blocks keyed by their position in the archive.
+pub struct BlockCache<V> {
+    shards: Box<[Mutex<Shard<V>>]>,
+    shard_budget: usize,
+    name: &'static str,
+}
+
+const SHARDS: usize = 16;
+
+impl<V: Weighted> BlockCache<V> {
+    pub fn new(name: &'static str, budget: usize) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: LruCache::unbounded_with_hasher(Default::default()),
+                    bytes: 0,
+                })
+            })
+            .collect();
+        BlockCache {
+            shards,
+            shard_budget: (budget / SHARDS).max(1),
+            name,
+        }
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        &self.shards[h as usize % SHARDS]
+    }
+
+    /// Returns the block at `key`, running `load` if no reader has it or is loading it.
+    pub fn get_or_load(&self, key: u64, load: impl FnOnce() -> Result<V>) -> Result<Arc<V>> {
+        let shard = self.shard(key);
+        let slot = {
+            let mut s = shard.lock();
+            match s.map.get(&key) {
+                Some(slot) => slot.clone(),
+                None => {
+                    let slot = Arc::new(Slot {
+                        value: OnceLock::new(),
+                        charged: AtomicUsize::new(0),
+                    });
+                    s.map.put(key, slot.clone());
+                    slot
+                }
+            }
+        };
+        if let Some(Some(v)) = slot.value.get() {
+            return Ok(v.clone());
+        }
+        let mut error = None;
+        let mut loaded_here = false;
+        let value = slot.value.get_or_init(|| {
+            loaded_here = true;
+            match load() {
+                Ok(v) => Some(Arc::new(v)),
+                Err(e) => {
+                    error = Some(e);
+                    None
+                }
+            }
+        });
+        match value {
+            Some(v) => {
+                if loaded_here {
+                    self.charge(shard, key, &slot, v.weight());
+                }
+                Ok(v.clone())
+            }
+            None => {
+                // Forget the failure so a later read tries again (the file may have been
+                // a transient I/O error); readers that waited on it get an error too.
+                let mut s = shard.lock();
+                if s.map.peek(&key).is_some_and(|cur| Arc::ptr_eq(cur, &slot)) {
+                    s.map.pop(&key);
+                }
+                Err(error.unwrap_or_else(|| {
+                    Error::corrupt(format!("{} block at {key} failed to load", self.name))
+                }))
+            }
+        }
+    }
+
+    fn charge(&self, shard: &Mutex<Shard<V>>, key: u64, slot: &Arc<Slot<V>>, weight: usize) {
+        let mut s = shard.lock();
+        if !s.map.peek(&key).is_some_and(|cur| Arc::ptr_eq(cur, slot)) {
+            return; // evicted while loading: nobody accounts for it, the reader drops it
+        }
+        slot.charged.store(weight, Ordering::Relaxed);
+        s.bytes += weight;
+        while s.bytes > self.shard_budget && s.map.len() > 1 {
+            let Some((old_key, old)) = s.map.pop_lru() else {
+                break;
+            };
+            if old_key == key {
+                // Never evict the block just loaded; put it back at the front.
+                s.map.put(old_key, old);
+                continue;
+            }
+            s.bytes -= old.charged.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes currently held (for tests and `--debug` statistics).
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().bytes).sum()
+    }
+}
+
+/// Keys are archive offsets, already well spread once multiplied in `shard`; the map
+/// inside a shard hashes them with a cheap mix as well.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl std::hash::Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn stays_within_budget_and_keeps_blocks_in_use() {
+        let cache = BlockCache::<Vec<u8>>::new("test", 16 * 1024);
+        let held = cache.get_or_load(0, || Ok(vec![7u8; 1024])).unwrap();
+        for key in 1..200u64 {
+            cache.get_or_load(key * 4096, || Ok(vec![1u8; 1024])).unwrap();
+        }
+        assert!(cache.bytes() <= 16 * 1024 + SHARDS * 1024, "{}", cache.bytes());
+        assert_eq!(held[0], 7, "an evicted block stays valid for its holder");
+    }
+
+    #[test]
+    fn concurrent_misses_load_once() {
+        let cache = Arc::new(BlockCache::<Vec<u8>>::new("test", 1 << 20));
+        let loads = Arc::new(AtomicU32::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (cache, loads) = (cache.clone(), loads.clone());
+                std::thread::spawn(move || {
+                    cache
+                        .get_or_load(42, || {
+                            loads.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            Ok(vec![1u8; 100])
+                        })
+                        .unwrap()
+                        .len()
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 100);
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn failures_are_not_cached() {
+        let cache = BlockCache::<Vec<u8>>::new("test", 1 << 20);
+        assert!(cache
+            .get_or_load(5, || Err(Error::corrupt("bad")))
+            .is_err());
+        assert_eq!(cache.get_or_load(5, || Ok(vec![1])).unwrap()[0], 1);
+    }
+}

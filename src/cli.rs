@@ -1,0 +1,477 @@
+//! The command line: `mount`, `unmount`, `run`, and inspection commands that read an
+//! archive without mounting it.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::archive::{self, Archive, Kind};
+use crate::cache::CacheConfig;
+use crate::mountpoint;
+use crate::session::{self, Event, MountConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "archfs", version, about = "Mount SquashFS images read-only with FUSE, \
+    fast, for datasets of many small files", propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Mount an archive; returns once the mount is live, the server runs on in the background.
+    Mount(MountArgs),
+    /// Unmount a mount point (lazily if files are still open there).
+    #[command(alias = "umount")]
+    Unmount { mountpoint: PathBuf },
+    /// Mount, run a command, unmount when it ends; exits with the command's status.
+    Run {
+        archive: PathBuf,
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<OsString>,
+    },
+    /// Show the archive's format and totals.
+    Info { archive: PathBuf },
+    /// List a directory inside the archive without mounting it.
+    Ls {
+        archive: PathBuf,
+        #[arg(default_value = "/")]
+        path: PathBuf,
+    },
+    /// Write a file from the archive to standard output without mounting it.
+    Cat { archive: PathBuf, path: PathBuf },
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog {
+        path: PathBuf,
+        #[arg(long)]
+        remove_dir: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct MountArgs {
+    archive: PathBuf,
+    mountpoint: PathBuf,
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Serve in the foreground instead of returning once the mount is live.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Where the background server writes its log (default: discarded).
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Internal: the descriptor on which the server reports readiness to its parent.
+    #[arg(long, hide = true)]
+    ready_fd: Option<i32>,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Bytes of decompressed blocks kept in memory (K, M, G suffixes, powers of 1024).
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
+    cache_size: u64,
+    /// FUSE request threads [default: twice the CPUs, 4 to 16].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Mount options, comma-separated; `allow_other` lets other users read the mount
+    /// (ordinary users need `user_allow_other` in /etc/fuse.conf for it).
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    options: Vec<String>,
+    /// Log every request and more (to the terminal with --foreground, or to --log).
+    #[arg(long)]
+    debug: bool,
+}
+
+/// Parses `512M`, `2G`, `1048576`, `64KiB`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix in {s:?}; use K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write it like 512M or 2G"))?;
+    if !(0.0..1e19).contains(&n) {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    Ok((n * (1u64 << shift) as f64) as u64)
+}
+
+struct Failure(String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure(e.to_string())
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(Failure(msg)) => {
+            eprintln!("archfs: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    match cli.command {
+        Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => serve(args),
+        Cmd::Mount(args) => daemonize(&args),
+        Cmd::Unmount { mountpoint } => {
+            let path = std::fs::canonicalize(&mountpoint).unwrap_or(mountpoint);
+            if !mountpoint::is_mount_point(&path) {
+                return Err(Failure(format!("{} is not mounted", path.display())));
+            }
+            mountpoint::unmount(&path)
+                .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run {
+            archive,
+            mountpoint,
+            serve,
+            command,
+        } => run_command(&archive, &mountpoint, &serve, &command),
+        Cmd::Info { archive } => {
+            let a = archive::open(&archive, &CacheConfig::default())?;
+            let s = a.stats();
+            println!("format:     {}", a.format());
+            println!("size:       {} bytes", s.bytes);
+            println!("inodes:     {}", s.inodes);
+            println!("block size: {}", s.block_size);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Ls { archive, path } => {
+            let a = archive::open(&archive, &CacheConfig::default())?;
+            let attr = archive::resolve(&*a, &path)?;
+            let mut out = std::io::stdout().lock();
+            let entries = if attr.kind == Kind::Dir {
+                a.read_dir(attr.ino)?
+                    .into_iter()
+                    .map(|e| (e.name.to_vec(), e.ino))
+                    .collect()
+            } else {
+                vec![(path.as_os_str().as_bytes().to_vec(), attr.ino)]
+            };
+            for (name, ino) in entries {
+                let at = a.attr(ino)?;
+                write!(
+                    out,
+                    "{} {:>3} {:>6} {:>6} {:>12} {:>11} ",
+                    mode_string(at.kind, at.perm),
+                    at.nlink,
+                    at.uid,
+                    at.gid,
+                    at.size,
+                    at.mtime
+                )?;
+                out.write_all(&name)?;
+                if at.kind == Kind::Symlink {
+                    out.write_all(b" -> ")?;
+                    out.write_all(&a.readlink(ino)?)?;
+                }
+                out.write_all(b"\n")?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Cat { archive, path } => {
+            let a = archive::open(&archive, &CacheConfig::default())?;
+            let attr = archive::resolve(&*a, &path)?;
+            let mut out = std::io::stdout().lock();
+            let mut off = 0;
+            while off < attr.size {
+                let data = a.read(attr.ino, off, 1 << 20)?;
+                if data.is_empty() {
+                    break;
+                }
+                out.write_all(&data)?;
+                off += data.len() as u64;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Watchdog { path, remove_dir } => {
+            Ok(ExitCode::from(session::watchdog_main(&path, remove_dir) as u8))
+        }
+    }
+}
+
+fn mode_string(kind: Kind, perm: u16) -> String {
+    let t = match kind {
+        Kind::File => '-',
+        Kind::Dir => 'd',
+        Kind::Symlink => 'l',
+        Kind::BlockDev => 'b',
+        Kind::CharDev => 'c',
+        Kind::Fifo => 'p',
+        Kind::Socket => 's',
+    };
+    let mut s = String::from(t);
+    for shift in [6, 3, 0] {
+        let bits = (perm >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn init_logging(debug: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn default_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cpus * 2).clamp(4, 16)
+}
+
+fn mount_config(archive: &Path, serve: &ServeArgs) -> Result<MountConfig, Failure> {
+    let mut allow_other = false;
+    for o in &serve.options {
+        match o.as_str() {
+            "allow_other" => allow_other = true,
+            "ro" | "" => {}
+            other => {
+                return Err(Failure(format!(
+                    "unknown mount option {other:?}; archfs knows allow_other"
+                )))
+            }
+        }
+    }
+    Ok(MountConfig {
+        threads: serve.threads.unwrap_or_else(default_threads),
+        allow_other,
+        fsname: std::fs::canonicalize(archive)
+            .unwrap_or_else(|_| archive.to_owned())
+            .to_string_lossy()
+            .replace([',', ' '], "_"),
+    })
+}
+
+fn open_archive(path: &Path, serve: &ServeArgs) -> Result<Arc<dyn Archive>, Failure> {
+    let cache = CacheConfig {
+        total_bytes: serve.cache_size,
+    };
+    Ok(archive::open(path, &cache)?)
+}
+
+/// Tells the parent of a background server whether the mount came up.
+struct Ready(Option<std::fs::File>);
+
+impl Ready {
+    fn new(fd: Option<i32>) -> Ready {
+        Ready(fd.map(|fd| {
+            // SAFETY: the parent passed this descriptor to us for exactly this purpose.
+            let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            // Children (the watchdog) must not hold it open, or the parent waits on them.
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            f
+        }))
+    }
+
+    fn send(&mut self, line: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+/// `archfs mount` without --foreground: start the server as a child in its own session
+/// and return once it reports the mount live, with its error otherwise.
+fn daemonize(args: &MountArgs) -> Result<ExitCode, Failure> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Failure(format!(
+            "cannot create a pipe: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: pipe2 just returned these descriptors to us.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(std::env::args_os().skip(1))
+        .args(["--ready-fd", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    match &args.log {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open log file {}: {e}", path.display()))?;
+            cmd.stderr(f);
+        }
+        None => {
+            cmd.stderr(Stdio::null());
+        }
+    }
+    let wfd = fds[1];
+    // SAFETY: dup2 and setsid are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wfd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    drop(write_end);
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut reader = std::fs::File::from(read_end);
+    while let Ok(1) = reader.read(&mut byte) {
+        if byte[0] == b'\n' {
+            break;
+        }
+        reply.push(byte[0]);
+    }
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    if reply == "ok" {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(msg) = reply.strip_prefix("error: ") {
+        let _ = child.wait();
+        return Err(Failure(msg.to_string()));
+    }
+    let status = child.wait()?;
+    Err(Failure(format!(
+        "the server exited ({status}) before the mount was ready; run with --foreground \
+         --debug to see why"
+    )))
+}
+
+/// `archfs mount --foreground`, and the background server: serve until a signal or an
+/// unmount from outside, then clean up.
+fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
+    session::block_signals();
+    init_logging(args.serve.debug);
+    let mut ready = Ready::new(args.ready_fd);
+    let (tx, rx) = session::events();
+    let setup = mount_config(&args.archive, &args.serve).and_then(|cfg| {
+        let archive = open_archive(&args.archive, &args.serve)?;
+        tracing::info!("{}: {}", args.archive.display(), archive.format());
+        Ok(session::mount(archive, &args.mountpoint, &cfg, tx)?)
+    });
+    let mut mount = match setup {
+        Ok(m) => m,
+        Err(Failure(msg)) => {
+            ready.send(&format!("error: {msg}"));
+            return Err(Failure(msg));
+        }
+    };
+    ready.send("ok");
+    loop {
+        match rx.recv() {
+            Ok(Event::Signal { signo, .. }) => {
+                tracing::info!("signal {signo}: unmounting {}", mount.path().display());
+                mount.unmount()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(Event::Ended) | Err(_) => {
+                mount.finish();
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(Event::Exited(_)) => {}
+        }
+    }
+}
+
+/// `archfs run`: mount, run the command, forward signals to it, unmount when it ends.
+fn run_command(
+    archive_path: &Path,
+    mountpoint: &Path,
+    serve: &ServeArgs,
+    command: &[OsString],
+) -> Result<ExitCode, Failure> {
+    session::block_signals();
+    init_logging(serve.debug);
+    let (tx, rx) = session::events();
+    let cfg = mount_config(archive_path, serve)?;
+    let archive = open_archive(archive_path, serve)?;
+    let mount = session::mount(archive, mountpoint, &cfg, tx.clone())?;
+    let child = Command::new(&command[0]).args(&command[1..]).spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            mount.unmount()?;
+            return Err(Failure(format!(
+                "cannot run {}: {e}",
+                command[0].to_string_lossy()
+            )));
+        }
+    };
+    let pid = child.id() as i32;
+    std::thread::spawn(move || {
+        if let Ok(status) = child.wait() {
+            let _ = tx.send(Event::Exited(status));
+        }
+    });
+    let status = loop {
+        match rx.recv() {
+            Ok(Event::Signal {
+                signo,
+                from_process,
+            }) => {
+                // A terminal's Ctrl-C reached the command already (same process group).
+                if from_process {
+                    // SAFETY: kill has no memory preconditions.
+                    unsafe { libc::kill(pid, signo) };
+                }
+            }
+            Ok(Event::Ended) => {
+                tracing::warn!("{} was unmounted while the command runs", mountpoint.display())
+            }
+            Ok(Event::Exited(status)) => break status,
+            Err(_) => return Err(Failure("lost track of the command".into())),
+        }
+    };
+    mount.unmount()?;
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    };
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}

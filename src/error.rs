@@ -1,0 +1,58 @@
+//! One error type for everything below the FUSE adapter; it knows its errno so the
+//! adapter never has to invent one.
+
+use std::io;
+
+/// Result alias used throughout archfs.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("not a symbolic link")]
+    NotSymlink,
+    #[error("no such extended attribute")]
+    NoXattr,
+    /// The archive contradicts itself: a bad offset, size or checksum.
+    #[error("corrupt archive: {0}")]
+    Corrupt(String),
+    /// A valid archive that uses something archfs cannot read.
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// The errno a filesystem operation that failed with this error returns.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotSymlink => libc::EINVAL,
+            Error::NoXattr => libc::ENODATA,
+            Error::Corrupt(_) | Error::Unsupported(_) | Error::Io { .. } => libc::EIO,
+        }
+    }
+
+    pub fn corrupt(msg: impl Into<String>) -> Self {
+        Error::Corrupt(msg.into())
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The thin adapter between fuser and [`Vfs`]: one operation, one call, one reply.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+use parking_lot::Mutex;
+
+use crate::archive::{Attr, Kind};
+use crate::error::Error;
+use crate::vfs::Vfs;
+
+/// The archive never changes while mounted, so the kernel may keep what it learns.
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+pub struct ArchFs {
+    vfs: Vfs,
+    block_size: u32,
+    /// Errors already logged, so a bad block read a thousand times logs once.
+    logged: Mutex<HashSet<String>>,
+}
+
+impl ArchFs {
+    pub fn new(vfs: Vfs) -> ArchFs {
+        let block_size = vfs.archive().stats().block_size;
+        ArchFs {
+            vfs,
+            block_size,
+            logged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn errno(&self, op: &str, ino: u64, e: &Error) -> Errno {
+        let code = e.errno();
+        if code == libc::EIO {
+            let msg = format!("{op} of inode {ino}: {e}");
+            let mut logged = self.logged.lock();
+            if logged.len() < 10_000 && logged.insert(msg.clone()) {
+                tracing::error!("{msg}");
+            }
+        }
+        Errno::from_i32(code)
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        let mtime = if a.mtime >= 0 {
+            UNIX_EPOCH + Duration::new(a.mtime as u64, a.mtime_nsec)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(a.mtime.unsigned_abs())
+                + Duration::from_nanos(u64::from(a.mtime_nsec))
+        };
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: file_type(a.kind),
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            // stdio and Python size their buffers by st_blksize: one archive block.
+            blksize: self.block_size,
+            flags: 0,
+        }
+    }
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::BlockDev => FileType::BlockDevice,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+    }
+}
+
+impl Filesystem for ArchFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO;
+        if let Err(missing) = config.add_capabilities(wanted) {
+            tracing::debug!("kernel lacks capabilities {missing:?}");
+            let _ = config.add_capabilities(wanted & !missing);
+        }
+        if let Err(max) = config.set_max_readahead(1 << 20) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.vfs.archive().lookup(parent.0, name.as_bytes()) {
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
+            Err(Error::NotFound) => {
+                // Inode 0 with a TTL is a negative entry the kernel caches.
+                let mut none = self.attr(&Attr::default());
+                none.ino = INodeNo(0);
+                reply.entry(&TTL, &none, Generation(0))
+            }
+            Err(e) => reply.error(self.errno("lookup", parent.0, &e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.vfs.archive().attr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Err(e) => reply.error(self.errno("getattr", ino.0, &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.vfs.archive().readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(self.errno("readlink", ino.0, &e)),
+        }
+    }
+
+    /// Files need no per-open state: ENOSYS tells the kernel to stop sending OPEN and
+    /// RELEASE for the rest of the mount and to keep the page cache across opens. The
+    /// mount is read-only, so the kernel refuses writes with EROFS before they get here.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.vfs.archive().read(ino.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(self.errno("read", ino.0, &e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.vfs.opendir(ino.0) {
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(self.errno("opendir", ino.0, &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listing = match self.vfs.listing(fh.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(self.errno("readdir", ino.0, &e)),
+        };
+        for (i, e) in listing.iter().enumerate().skip(offset as usize) {
+            let name = OsStr::from_bytes(&e.name);
+            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let listing = match self.vfs.listing(fh.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
+        };
+        let dir_attr = match self.vfs.archive().attr(ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
+        };
+        for (i, e) in listing.iter().enumerate().skip(offset as usize) {
+            let attr = if i < 2 {
+                dir_attr.clone()
+            } else {
+                match self.vfs.archive().attr(e.ino) {
+                    Ok(a) => a,
+                    Err(err) => return reply.error(self.errno("readdirplus", e.ino, &err)),
+                }
+            };
+            let name = OsStr::from_bytes(&e.name);
+            if reply.add(
+                INodeNo(e.ino),
+                i as u64 + 1,
+                name,
+                &TTL,
+                &self.attr(&attr),
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.vfs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.vfs.archive().stats();
+        let bsize = u64::from(s.block_size);
+        reply.statfs(
+            s.bytes.div_ceil(bsize),
+            0,
+            0,
+            s.inodes,
+            0,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.vfs.getxattr(ino.0, name.as_bytes()) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(self.errno("getxattr", ino.0, &e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.vfs.listxattr(ino.0) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(self.errno("listxattr", ino.0, &e)),
+        }
+    }
+}
+
+/// Size 0 asks for the length; a buffer too small is ERANGE.
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::from_i32(libc::ERANGE));
+    } else {
+        reply.data(value);
+    }
+}
+
+impl std::fmt::Debug for ArchFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchFs").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,17 @@
+//! archfs: mount SquashFS images read-only with FUSE, built for datasets of many small
+//! files read in parallel by training jobs on HPC clusters.
+//!
+//! Layers, bottom up: [`archive::Source`] (positional reads), [`cache`] (shared block
+//! cache), format readers ([`squashfs`]), the [`archive::Archive`] interface, [`vfs`]
+//! (directory handles, no FUSE types), [`fuse`] (the thin fuser adapter) and
+//! [`session`] (mounting, signals, unmounting on every exit path).
+
+pub mod archive;
+pub mod cache;
+pub mod cli;
+pub mod error;
+pub mod fuse;
+pub mod mountpoint;
+pub mod session;
+pub mod squashfs;
+pub mod vfs;

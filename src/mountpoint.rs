@@ -1,0 +1,192 @@
+//! The mount point: checks before mounting, recovery of stale mounts, and unmounting
+//! with a lazy fallback, as root through umount2(2) and otherwise through fusermount3.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What `prepare` did, so the caller can undo it.
+#[derive(Debug)]
+pub struct Prepared {
+    pub path: PathBuf,
+    /// The directory did not exist and was created; remove it after unmounting.
+    pub created: bool,
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Makes `path` ready to mount on: recovers a stale FUSE mount left by a crashed server,
+/// creates a missing directory, and refuses a file, a live mount or a non-empty directory.
+pub fn prepare(path: &Path) -> Result<Prepared, String> {
+    let mut created = false;
+    match std::fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            tracing::warn!("{} is a stale mount; unmounting it first", path.display());
+            lazy_unmount(path).map_err(|e| {
+                format!(
+                    "{} is a stale mount (\"Transport endpoint is not connected\") and \
+                     unmounting it failed: {e}; run `fusermount3 -u -z {}`",
+                    path.display(),
+                    path.display()
+                )
+            })?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path).map_err(|e| {
+                format!("cannot create mount point {}: {e}", path.display())
+            })?;
+            created = true;
+        }
+        Err(e) => return Err(format!("cannot use mount point {}: {e}", path.display())),
+        Ok(m) if !m.is_dir() => {
+            return Err(format!(
+                "mount point {} is not a directory; give an empty directory (or a path \
+                 that does not exist yet)",
+                path.display()
+            ))
+        }
+        Ok(_) => {}
+    }
+    let path = std::fs::canonicalize(path)
+        .map_err(|e| format!("cannot resolve mount point {}: {e}", path.display()))?;
+    if is_mount_point(&path) {
+        return Err(format!(
+            "{} is already a mount point; unmount it first with `archfs unmount {}`",
+            path.display(),
+            path.display()
+        ));
+    }
+    let mut entries = std::fs::read_dir(&path)
+        .map_err(|e| format!("cannot read mount point {}: {e}", path.display()))?;
+    if entries.next().is_some() {
+        return Err(format!(
+            "mount point {} is not empty; mount on an empty directory so nothing is hidden",
+            path.display()
+        ));
+    }
+    Ok(Prepared { path, created })
+}
+
+/// Whether `path` (canonical) is listed in this process's mount table.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(table) = std::fs::read("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.as_os_str().as_bytes();
+    table.split(|&b| b == b'\n').any(|line| {
+        line.split(|&b| b == b' ')
+            .nth(4)
+            .is_some_and(|field| unescape(field) == want)
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        if field[i] == b'\\' && i + 3 < field.len() {
+            let oct = &field[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                out.push((oct[0] - b'0') * 64 + (oct[1] - b'0') * 8 + (oct[2] - b'0'));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(field[i]);
+        i += 1;
+    }
+    out
+}
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+fn fusermount(args: &[&str], path: &Path) -> io::Result<()> {
+    let mut last = None;
+    for prog in ["fusermount3", "fusermount"] {
+        match Command::new(prog).args(args).arg(path).output() {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => {
+                let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                let code = if msg.contains("busy") {
+                    libc::EBUSY
+                } else {
+                    libc::EINVAL
+                };
+                return Err(io::Error::new(
+                    io::Error::from_raw_os_error(code).kind(),
+                    format!("{prog}: {msg}"),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "fusermount3 is not installed ({}); install the fuse3 package",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    ))
+}
+
+/// Detaches the mount now; the kernel finishes it once the last open file is closed.
+pub fn lazy_unmount(path: &Path) -> io::Result<()> {
+    if is_root() {
+        let c = cpath(path)?;
+        // SAFETY: c is a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        return Err(io::Error::last_os_error());
+    }
+    fusermount(&["-u", "-z", "-q"], path)
+}
+
+/// Unmounts, falling back to a lazy unmount when files are still open (EBUSY).
+pub fn unmount(path: &Path) -> io::Result<()> {
+    let result = if is_root() {
+        let c = cpath(path)?;
+        // SAFETY: c is a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    } else {
+        fusermount(&["-u", "-q"], path)
+    };
+    match result {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy => {
+            lazy_unmount(path)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape(br"/tmp/a\040b"), b"/tmp/a b");
+        assert_eq!(unescape(br"/x\134y"), b"/x\\y");
+        assert_eq!(unescape(br"/end\04"), br"/end\04");
+    }
+
+    #[test]
+    fn root_is_a_mount_point() {
+        assert!(is_mount_point(Path::new("/")));
+        assert!(!is_mount_point(Path::new("/definitely/not/mounted")));
+    }
+}

@@ -1,0 +1,166 @@
+//! Decompressors for the codecs mksquashfs writes. Every call is bounded: a block that
+//! would decompress past its limit is corrupt, never a reason to grow a buffer.
+
+use std::cell::RefCell;
+use std::io::Read;
+
+use crate::error::{Error, Result};
+
+/// A SquashFS compressor id (superblock field `compression_id`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Lzo,
+    Xz,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    /// Maps the on-disk id; ids archfs cannot decode are an error naming the compressor.
+    pub fn from_id(id: u16) -> Result<Codec> {
+        match id {
+            1 => Ok(Codec::Gzip),
+            2 => Err(Error::Unsupported(
+                "the image uses the legacy lzma compressor, which archfs does not read; \
+                 repack it with `mksquashfs ... -comp xz` (or zstd)"
+                    .into(),
+            )),
+            3 => Ok(Codec::Lzo),
+            4 => Ok(Codec::Xz),
+            5 => Ok(Codec::Lz4),
+            6 => Ok(Codec::Zstd),
+            other => Err(Error::Unsupported(format!(
+                "the image uses unknown compressor id {other}; archfs reads gzip, lzo, xz, lz4 and zstd"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Lzo => "lzo",
+            Codec::Xz => "xz",
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// Decompresses `src`, which must expand to at most `limit` bytes.
+    pub fn decompress(self, src: &[u8], limit: usize) -> Result<Vec<u8>> {
+        let out = match self {
+            Codec::Gzip => gzip(src, limit)?,
+            Codec::Zstd => zstd(src, limit)?,
+            Codec::Lz4 => {
+                let mut out = vec![0u8; limit];
+                let n = lz4_flex::block::decompress_into(src, &mut out)
+                    .map_err(|e| bad(self, e.to_string()))?;
+                out.truncate(n);
+                out
+            }
+            Codec::Xz => {
+                let mut out = Vec::with_capacity(limit);
+                liblzma::read::XzDecoder::new(src)
+                    .take(limit as u64 + 1)
+                    .read_to_end(&mut out)
+                    .map_err(|e| bad(self, e.to_string()))?;
+                out
+            }
+            Codec::Lzo => lzokay_native::decompress_all(src, Some(limit))
+                .map_err(|e| bad(self, format!("{e:?}")))?,
+        };
+        if out.len() > limit {
+            return Err(bad(self, format!("expands past {limit} bytes")));
+        }
+        Ok(out)
+    }
+}
+
+fn bad(codec: Codec, what: String) -> Error {
+    Error::corrupt(format!("{} block does not decompress: {what}", codec.name()))
+}
+
+fn gzip(src: &[u8], limit: usize) -> Result<Vec<u8>> {
+    thread_local! {
+        static INFLATE: RefCell<flate2::Decompress> = RefCell::new(flate2::Decompress::new(true));
+    }
+    INFLATE.with(|cell| {
+        let mut d = cell.borrow_mut();
+        d.reset(true);
+        // One byte of headroom tells "exactly limit" from "more than limit".
+        let mut out = Vec::with_capacity(limit + 1);
+        let status = d
+            .decompress_vec(src, &mut out, flate2::FlushDecompress::Finish)
+            .map_err(|e| bad(Codec::Gzip, e.to_string()))?;
+        if status != flate2::Status::StreamEnd {
+            return Err(bad(Codec::Gzip, "stream does not end within the block".into()));
+        }
+        Ok(out)
+    })
+}
+
+fn zstd(src: &[u8], limit: usize) -> Result<Vec<u8>> {
+    thread_local! {
+        static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+    }
+    DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(
+                zstd::bulk::Decompressor::new().map_err(|e| bad(Codec::Zstd, e.to_string()))?,
+            );
+        }
+        let d = slot.as_mut().expect("just set");
+        d.decompress(src, limit)
+            .map_err(|e| bad(Codec::Zstd, e.to_string()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn sample() -> Vec<u8> {
+        (0..20_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn round_trips_and_limits() {
+        let data = sample();
+        let gz = {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(&data).unwrap();
+            e.finish().unwrap()
+        };
+        let zs = zstd::bulk::compress(&data, 3).unwrap();
+        let l4 = lz4_flex::block::compress(&data);
+        let xz = {
+            let mut e = liblzma::write::XzEncoder::new(Vec::new(), 6);
+            e.write_all(&data).unwrap();
+            e.finish().unwrap()
+        };
+        let lzo = lzokay_native::compress(&data).unwrap();
+        for (codec, blob) in [
+            (Codec::Gzip, gz),
+            (Codec::Zstd, zs),
+            (Codec::Lz4, l4),
+            (Codec::Xz, xz),
+            (Codec::Lzo, lzo),
+        ] {
+            assert_eq!(codec.decompress(&blob, data.len()).unwrap(), data, "{codec:?}");
+            assert!(
+                codec.decompress(&blob, data.len() - 1).is_err(),
+                "{codec:?} must refuse to expand past the limit"
+            );
+            assert!(codec.decompress(&blob[..blob.len() / 2], data.len()).is_err());
+        }
+    }
+
+    #[test]
+    fn unknown_ids_name_the_problem() {
+        let e = Codec::from_id(2).unwrap_err().to_string();
+        assert!(e.contains("lzma"), "{e}");
+        assert!(Codec::from_id(99).is_err());
+    }
+}

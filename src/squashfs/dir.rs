@@ -1,0 +1,150 @@
+//! Directory listings: runs of entries under headers that share a metadata block and an
+//! inode number base, sorted by name; large directories carry an index of the listing so
+//! a lookup starts near its name instead of scanning from the top.
+
+use std::cmp::Ordering;
+
+use super::inode::DirInode;
+use super::metadata::{Cursor, BLOCK_SIZE};
+use super::SquashFs;
+use crate::archive::Kind;
+use crate::error::{Error, Result};
+
+/// One entry of a listing, its inode given as a reference into the inode table.
+pub struct RawEntry {
+    pub inode_ref: u64,
+    pub kind: Kind,
+    pub name: Vec<u8>,
+}
+
+/// SquashFS allows at most 256 entries under one header and 256-byte names.
+const MAX_HEADER_COUNT: u32 = 256;
+const MAX_NAME: usize = 256;
+
+fn kind_of(typ: u16) -> Result<Kind> {
+    Ok(match typ {
+        1 => Kind::Dir,
+        2 => Kind::File,
+        3 => Kind::Symlink,
+        4 => Kind::BlockDev,
+        5 => Kind::CharDev,
+        6 => Kind::Fifo,
+        7 => Kind::Socket,
+        t => return Err(Error::corrupt(format!("directory entry of unknown type {t}"))),
+    })
+}
+
+/// Reads entries from `c` until `remaining` listing bytes are consumed or `visit`
+/// returns false.
+fn walk(
+    mut c: Cursor<'_>,
+    mut remaining: u64,
+    mut visit: impl FnMut(RawEntry) -> Result<bool>,
+) -> Result<()> {
+    while remaining > 0 {
+        if remaining < 12 {
+            return Err(Error::corrupt("directory listing ends inside a header"));
+        }
+        let count = c.u32()? + 1;
+        let start = c.u32()?;
+        let _inode_base = c.u32()?;
+        remaining -= 12;
+        if count > MAX_HEADER_COUNT {
+            return Err(Error::corrupt(format!(
+                "directory header claims {count} entries"
+            )));
+        }
+        for _ in 0..count {
+            if remaining < 8 {
+                return Err(Error::corrupt("directory listing ends inside an entry"));
+            }
+            let offset = c.u16()?;
+            let _inode_delta = c.u16()?;
+            let typ = c.u16()?;
+            let name_len = usize::from(c.u16()?) + 1;
+            remaining -= 8;
+            if name_len > MAX_NAME || name_len as u64 > remaining {
+                return Err(Error::corrupt(format!(
+                    "directory entry name of {name_len} bytes"
+                )));
+            }
+            let name = c.bytes(name_len)?;
+            remaining -= name_len as u64;
+            if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+                return Err(Error::corrupt(format!(
+                    "directory entry with an illegal name {:?}",
+                    String::from_utf8_lossy(&name)
+                )));
+            }
+            let entry = RawEntry {
+                inode_ref: (u64::from(start) << 16) | u64::from(offset),
+                kind: kind_of(typ)?,
+                name,
+            };
+            if !visit(entry)? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+impl SquashFs {
+    fn listing_len(dir: &DirInode) -> u64 {
+        u64::from(dir.file_size).saturating_sub(3)
+    }
+
+    /// Every entry of the directory, in listing (name) order.
+    pub fn list_dir(&self, dir: &DirInode) -> Result<Vec<RawEntry>> {
+        let c = self.cursor(
+            self.sb.dir_table + u64::from(dir.block),
+            usize::from(dir.offset),
+        );
+        let mut out = Vec::new();
+        walk(c, Self::listing_len(dir), |e| {
+            out.push(e);
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// Finds `name`, starting from the directory index entry closest before it.
+    pub fn find_in_dir(&self, dir: &DirInode, name: &[u8]) -> Result<Option<RawEntry>> {
+        let mut block = self.sb.dir_table + u64::from(dir.block);
+        let mut skipped = 0u64;
+        if dir.index_count > 0 {
+            let (ib, io) = dir.index_pos;
+            let mut ic = self.cursor(ib, io);
+            for _ in 0..dir.index_count {
+                let index = ic.u32()?;
+                let start = ic.u32()?;
+                let len = ic.u32()? as usize + 1;
+                if len > MAX_NAME {
+                    return Err(Error::corrupt("directory index name too long"));
+                }
+                let iname = ic.bytes(len)?;
+                if iname.as_slice() > name {
+                    break;
+                }
+                skipped = u64::from(index);
+                block = self.sb.dir_table + u64::from(start);
+            }
+        }
+        let remaining = Self::listing_len(dir)
+            .checked_sub(skipped)
+            .ok_or_else(|| Error::corrupt("directory index points past its listing"))?;
+        let offset = (skipped as usize + usize::from(dir.offset)) % BLOCK_SIZE;
+        let mut found = None;
+        walk(self.cursor(block, offset), remaining, |e| {
+            Ok(match e.name.as_slice().cmp(name) {
+                Ordering::Less => true,
+                Ordering::Equal => {
+                    found = Some(e);
+                    false
+                }
+                Ordering::Greater => false,
+            })
+        })?;
+        Ok(found)
+    }
+}

@@ -1,0 +1,209 @@
+//! A SquashFS 4.0 reader written for random access from many threads: positional reads,
+//! one shared cache of decoded blocks, no lock around the image file.
+//!
+//! Format reference: squashfs-tools-ng's doc/format.adoc.
+
+mod codec;
+mod dir;
+mod file;
+mod inode;
+mod metadata;
+mod superblock;
+mod table;
+mod xattr;
+
+use std::sync::Arc;
+
+pub use codec::Codec;
+use inode::{Body, Inode, NO_XATTR};
+use metadata::MetaBlock;
+pub use superblock::Superblock;
+use superblock::NO_TABLE;
+use xattr::XattrTable;
+
+use crate::archive::{Archive, Attr, Data, DirEntry, Kind, Source, Stats, ROOT_INO};
+use crate::cache::{BlockCache, CacheConfig};
+use crate::error::{Error, Result};
+
+pub struct SquashFs {
+    source: Source,
+    sb: Superblock,
+    ids: Vec<u32>,
+    frag_ptrs: Vec<u64>,
+    xattrs: Option<XattrTable>,
+    meta_cache: BlockCache<MetaBlock>,
+    frag_cache: BlockCache<Vec<u8>>,
+    data_cache: BlockCache<Vec<u8>>,
+    layout_cache: BlockCache<file::Layout>,
+    zero_block: Arc<Vec<u8>>,
+}
+
+impl SquashFs {
+    /// Reads the superblock and the small tables; everything else is read on demand.
+    pub fn open(source: Source, cache: &CacheConfig) -> Result<SquashFs> {
+        let mut raw = [0u8; superblock::SIZE];
+        if source.len() < superblock::SIZE as u64 {
+            return Err(Error::corrupt(format!(
+                "{} is only {} bytes, smaller than a SquashFS superblock",
+                source.path().display(),
+                source.len()
+            )));
+        }
+        source.read_exact_at(0, &mut raw)?;
+        let sb = Superblock::parse(&raw, source.len())?;
+        let (meta, frag, data) = cache.split();
+        let frag_ptrs = if sb.frag_count > 0 && sb.frag_table != NO_TABLE {
+            table::read_pointers(
+                &source,
+                sb.frag_table,
+                u64::from(sb.frag_count),
+                16,
+                sb.bytes_used,
+                "fragment",
+            )?
+        } else {
+            Vec::new()
+        };
+        let xattrs = if sb.xattr_table != NO_TABLE {
+            Some(XattrTable::load(&source, sb.xattr_table, sb.bytes_used)?)
+        } else {
+            None
+        };
+        let mut fs = SquashFs {
+            zero_block: Arc::new(vec![0u8; sb.block_size as usize]),
+            source,
+            sb,
+            ids: Vec::new(),
+            frag_ptrs,
+            xattrs,
+            meta_cache: BlockCache::new("metadata", meta * 3 / 4),
+            layout_cache: BlockCache::new("layout", meta / 4),
+            frag_cache: BlockCache::new("fragment", frag),
+            data_cache: BlockCache::new("data", data),
+        };
+        if fs.sb.frag_count > 0 && fs.frag_ptrs.is_empty() {
+            return Err(Error::corrupt("fragments are used but the fragment table is missing"));
+        }
+        fs.ids = fs.load_ids()?;
+        let root = fs.inode(fs.sb.root_inode)?;
+        if root.kind != Kind::Dir {
+            return Err(Error::corrupt("the root inode is not a directory"));
+        }
+        Ok(fs)
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// FUSE needs the root at 1 and never sees 0; every other inode is its reference
+    /// plus 2, which is never 1 (references start at 0) and costs no table.
+    fn to_ref(&self, ino: u64) -> u64 {
+        if ino == ROOT_INO {
+            self.sb.root_inode
+        } else {
+            ino.wrapping_sub(2)
+        }
+    }
+
+    fn to_ino(&self, inode_ref: u64) -> u64 {
+        if inode_ref == self.sb.root_inode {
+            ROOT_INO
+        } else {
+            inode_ref + 2
+        }
+    }
+
+    fn dir_inode(&self, ino: u64) -> Result<inode::DirInode> {
+        match self.inode(self.to_ref(ino))?.body {
+            Body::Dir(d) => Ok(d),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    fn make_attr(&self, ino: u64, inode: &Inode) -> Result<Attr> {
+        let (size, rdev) = match &inode.body {
+            Body::File(f) => (f.size, 0),
+            Body::Dir(d) => (u64::from(d.file_size), 0),
+            Body::Symlink(t) => (t.len() as u64, 0),
+            Body::Device(dev) => (0, *dev),
+            Body::Ipc => (0, 0),
+        };
+        Ok(Attr {
+            ino,
+            kind: inode.kind,
+            perm: inode.perm,
+            nlink: inode.nlink,
+            uid: self.id(inode.uid_idx)?,
+            gid: self.id(inode.gid_idx)?,
+            size,
+            blocks: size.div_ceil(512),
+            mtime: i64::from(inode.mtime),
+            mtime_nsec: 0,
+            rdev,
+        })
+    }
+}
+
+impl Archive for SquashFs {
+    fn format(&self) -> String {
+        format!(
+            "SquashFS 4.0, {}, {} KiB blocks",
+            self.sb.codec.name(),
+            self.sb.block_size / 1024
+        )
+    }
+
+    fn attr(&self, ino: u64) -> Result<Attr> {
+        let inode = self.inode(self.to_ref(ino))?;
+        self.make_attr(ino, &inode)
+    }
+
+    fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
+        let d = self.dir_inode(dir)?;
+        let entry = self.find_in_dir(&d, name)?.ok_or(Error::NotFound)?;
+        let inode = self.inode(entry.inode_ref)?;
+        self.make_attr(self.to_ino(entry.inode_ref), &inode)
+    }
+
+    fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
+        let d = self.dir_inode(dir)?;
+        Ok(self
+            .list_dir(&d)?
+            .into_iter()
+            .map(|e| DirEntry {
+                ino: self.to_ino(e.inode_ref),
+                kind: e.kind,
+                name: e.name.into_boxed_slice(),
+            })
+            .collect())
+    }
+
+    fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
+        self.read_file(self.to_ref(ino), offset, size)
+    }
+
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        match self.inode(self.to_ref(ino))?.body {
+            Body::Symlink(t) => Ok(t),
+            _ => Err(Error::NotSymlink),
+        }
+    }
+
+    fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let inode = self.inode(self.to_ref(ino))?;
+        if inode.xattr == NO_XATTR {
+            return Ok(Vec::new());
+        }
+        self.read_xattrs(inode.xattr)
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            bytes: self.sb.bytes_used,
+            block_size: self.sb.block_size,
+            inodes: u64::from(self.sb.inode_count),
+            name_max: 256,
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Filesystem operations over an [`Archive`], with the little state FUSE needs (open
+//! directory listings) and no FUSE types, so it is usable and testable without a mount.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::archive::{Archive, DirEntry, Kind};
+use crate::error::{Error, Result};
+
+pub struct Vfs {
+    archive: Arc<dyn Archive>,
+    /// Listings of open directories: readdir resumes by index, never by re-scanning.
+    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    next_handle: AtomicU64,
+}
+
+impl Vfs {
+    pub fn new(archive: Arc<dyn Archive>) -> Vfs {
+        Vfs {
+            archive,
+            dirs: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        }
+    }
+
+    pub fn archive(&self) -> &dyn Archive {
+        &*self.archive
+    }
+
+    /// Reads the listing once, with `.` and `..` first, and returns a handle to it.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let entries = self.archive.read_dir(ino)?;
+        let mut listing = Vec::with_capacity(entries.len() + 2);
+        for name in [&b"."[..], b".."] {
+            listing.push(DirEntry {
+                ino,
+                kind: Kind::Dir,
+                name: name.into(),
+            });
+        }
+        listing.extend(entries);
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.dirs.lock().insert(fh, Arc::new(listing));
+        Ok(fh)
+    }
+
+    pub fn listing(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        self.dirs
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| Error::corrupt(format!("unknown directory handle {fh}")))
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().remove(&fh);
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.archive
+            .xattrs(ino)?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or(Error::NoXattr)
+    }
+
+    /// Names as `listxattr(2)` returns them: each followed by a NUL.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for (name, _) in self.archive.xattrs(ino)? {
+            out.extend_from_slice(&name);
+            out.push(0);
+        }
+        Ok(out)
+    }
+}
