@@ -1,0 +1,167 @@
+//! Shared helpers for the integration tests: temporary directories, archives built by
+//! the real tools, and mounts that are always cleaned up.
+#![allow(dead_code)]
+
+pub mod tree;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn archfs_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_archfs")
+}
+
+pub fn archfs() -> Command {
+    Command::new(archfs_bin())
+}
+
+/// A directory under /tmp removed (after lazily unmounting anything left in it) on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "archfs-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        for m in mounts_under(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+        // Restore permissions the awkward tree removed, so removal can descend.
+        let _ = Command::new("chmod").args(["-R", "u+rwx"]).arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Mount points (from /proc/self/mountinfo) at or below `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    mounts_under(&path).iter().any(|m| m == &path)
+}
+
+/// Runs a command to completion, panicking with its output if it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn mksquashfs(src: &Path, img: &Path, args: &[&str]) {
+    run_ok(
+        Command::new("mksquashfs")
+            .arg(src)
+            .arg(img)
+            .args(["-noappend", "-quiet", "-no-progress"])
+            .args(args),
+    );
+}
+
+/// A live `archfs mount` that is unmounted on drop.
+pub struct Mount {
+    pub path: PathBuf,
+}
+
+impl Mount {
+    pub fn new(archive: &Path, path: &Path, args: &[&str]) -> Mount {
+        run_ok(archfs().arg("mount").arg(archive).arg(path).args(args));
+        assert!(is_mounted(path), "archfs mount returned 0 but {path:?} is not mounted");
+        Mount {
+            path: path.to_owned(),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.path) {
+            let ok = archfs()
+                .arg("unmount")
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+            }
+        }
+    }
+}
+
+/// Polls `cond` until it holds or `secs` pass.
+pub fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
+    // The server's command line names the mount point.
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let mnt_bytes = mnt.as_os_str().as_encoded_bytes();
+        if args.iter().any(|a| a.ends_with(b"archfs"))
+            && args.iter().any(|a| *a == b"--ready-fd" || *a == b"-f" || *a == b"--foreground")
+            && args.iter().any(|a| *a == mnt_bytes)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
