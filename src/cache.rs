@@ -203,9 +203,15 @@ mod tests {
         let cache = BlockCache::<Vec<u8>>::new("test", 16 * 1024);
         let held = cache.get_or_load(0, || Ok(vec![7u8; 1024])).unwrap();
         for key in 1..200u64 {
-            cache.get_or_load(key * 4096, || Ok(vec![1u8; 1024])).unwrap();
+            cache
+                .get_or_load(key * 4096, || Ok(vec![1u8; 1024]))
+                .unwrap();
         }
-        assert!(cache.bytes() <= 16 * 1024 + SHARDS * 1024, "{}", cache.bytes());
+        assert!(
+            cache.bytes() <= 16 * 1024 + SHARDS * 1024,
+            "{}",
+            cache.bytes()
+        );
         assert_eq!(held[0], 7, "an evicted block stays valid for its holder");
     }
 
@@ -237,9 +243,7 @@ mod tests {
     #[test]
     fn failures_are_not_cached() {
         let cache = BlockCache::<Vec<u8>>::new("test", 1 << 20);
-        assert!(cache
-            .get_or_load(5, || Err(Error::corrupt("bad")))
-            .is_err());
+        assert!(cache.get_or_load(5, || Err(Error::corrupt("bad"))).is_err());
         assert_eq!(cache.get_or_load(5, || Ok(vec![1])).unwrap()[0], 1);
     }
 }

@@ -18,8 +18,13 @@ use crate::mountpoint;
 use crate::session::{self, Event, MountConfig};
 
 #[derive(Parser, Debug)]
-#[command(name = "archfs", version, about = "Mount SquashFS images read-only with FUSE, \
-    fast, for datasets of many small files", propagate_version = true)]
+#[command(
+    name = "archfs",
+    version,
+    about = "Mount SquashFS images read-only with FUSE, \
+    fast, for datasets of many small files",
+    propagate_version = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -219,9 +224,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Watchdog { path, remove_dir } => {
-            Ok(ExitCode::from(session::watchdog_main(&path, remove_dir) as u8))
-        }
+        Cmd::Watchdog { path, remove_dir } => Ok(ExitCode::from(session::watchdog_main(
+            &path, remove_dir,
+        ) as u8)),
     }
 }
 
@@ -461,7 +466,10 @@ fn run_command(
                 }
             }
             Ok(Event::Ended) => {
-                tracing::warn!("{} was unmounted while the command runs", mountpoint.display())
+                tracing::warn!(
+                    "{} was unmounted while the command runs",
+                    mountpoint.display()
+                )
             }
             Ok(Event::Exited(status)) => break status,
             Err(_) => return Err(Failure("lost track of the command".into())),

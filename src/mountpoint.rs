@@ -37,9 +37,8 @@ pub fn prepare(path: &Path) -> Result<Prepared, String> {
             })?;
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(path).map_err(|e| {
-                format!("cannot create mount point {}: {e}", path.display())
-            })?;
+            std::fs::create_dir_all(path)
+                .map_err(|e| format!("cannot create mount point {}: {e}", path.display()))?;
             created = true;
         }
         Err(e) => return Err(format!("cannot use mount point {}: {e}", path.display())),
@@ -166,7 +165,9 @@ pub fn unmount(path: &Path) -> io::Result<()> {
         fusermount(&["-u", "-q"], path)
     };
     match result {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy => {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy =>
+        {
             lazy_unmount(path)
         }
         other => other,

@@ -177,12 +177,13 @@ pub fn mount(
     events: Sender<Event>,
 ) -> Result<Mount, String> {
     if !Path::new("/dev/fuse").exists() {
-        return Err("/dev/fuse is missing: this machine has no FUSE support loaded \
+        return Err(
+            "/dev/fuse is missing: this machine has no FUSE support loaded \
                     (ask the administrator to `modprobe fuse`)"
-            .into());
+                .into(),
+        );
     }
-    if !mountpoint::is_root() && which("fusermount3").is_none() && which("fusermount").is_none()
-    {
+    if !mountpoint::is_root() && which("fusermount3").is_none() && which("fusermount").is_none() {
         return Err(
             "fusermount3 is not installed, and ordinary users need it to mount FUSE \
              filesystems; install the fuse3 package"

@@ -55,7 +55,10 @@ fn foreground(img: &Path, mnt: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(wait_for(20, || is_mounted(mnt)), "foreground mount never came up");
+    assert!(
+        wait_for(20, || is_mounted(mnt)),
+        "foreground mount never came up"
+    );
     child
 }
 
@@ -78,8 +81,14 @@ fn ending_signals_unmount_even_with_a_file_open() {
         let status = server.wait().unwrap();
         assert!(status.success(), "SIG{name}: server exited with {status}");
         assert!(!is_mounted(&mnt), "SIG{name}: {mnt:?} still mounted");
-        assert!(!mnt.exists(), "SIG{name}: the mount point archfs created was not removed");
-        assert!(wait_for(10, || watchdog_pids(&mnt).is_empty()), "watchdog outlived the server");
+        assert!(
+            !mnt.exists(),
+            "SIG{name}: the mount point archfs created was not removed"
+        );
+        assert!(
+            wait_for(10, || watchdog_pids(&mnt).is_empty()),
+            "watchdog outlived the server"
+        );
         drop(held);
     }
 }
@@ -91,13 +100,22 @@ fn sigkill_of_the_server_leaves_no_stale_mount() {
     let mnt = dir.join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let mut server = foreground(&img, &mnt);
-    assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello archfs\n");
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello archfs\n"
+    );
     kill(server.id() as i32, libc::SIGKILL);
     server.wait().unwrap();
-    assert!(wait_for(10, || !is_mounted(&mnt)), "stale mount left after SIGKILL");
+    assert!(
+        wait_for(10, || !is_mounted(&mnt)),
+        "stale mount left after SIGKILL"
+    );
     // The mount point works again right away.
     let _m = Mount::new(&img, &mnt, &[]);
-    assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello archfs\n");
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello archfs\n"
+    );
 }
 
 #[test]
@@ -107,10 +125,16 @@ fn background_mount_survives_its_parent_and_unmounts_on_request() {
     let mnt = dir.join("does/not/exist/yet");
     run_ok(archfs().arg("mount").arg(&img).arg(&mnt));
     assert!(is_mounted(&mnt));
-    assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello archfs\n");
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello archfs\n"
+    );
     run_ok(archfs().arg("unmount").arg(&mnt));
     assert!(!is_mounted(&mnt));
-    assert!(wait_for(10, || !mnt.exists()), "created mount point not removed");
+    assert!(
+        wait_for(10, || !mnt.exists()),
+        "created mount point not removed"
+    );
     assert!(wait_for(10, || watchdog_pids(&mnt).is_empty()));
 }
 
@@ -129,9 +153,16 @@ fn mounting_onto_a_stale_mount_recovers_it() {
     kill(server.id() as i32, libc::SIGKILL);
     server.wait().unwrap();
     let err = std::fs::metadata(&mnt).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "expected a stale mount");
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOTCONN),
+        "expected a stale mount"
+    );
     let _m = Mount::new(&img, &mnt, &[]);
-    assert_eq!(std::fs::read(mnt.join("hello.txt")).unwrap(), b"hello archfs\n");
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).unwrap(),
+        b"hello archfs\n"
+    );
 }
 
 #[test]
@@ -139,7 +170,10 @@ fn run_passes_the_exit_status_and_unmounts() {
     let dir = TempDir::new("run");
     let img = small_image(&dir);
     let mnt = dir.join("mnt");
-    let script = format!("test \"$(cat {}/hello.txt)\" = 'hello archfs' && exit 3", mnt.display());
+    let script = format!(
+        "test \"$(cat {}/hello.txt)\" = 'hello archfs' && exit 3",
+        mnt.display()
+    );
     let out = archfs()
         .arg("run")
         .arg(&img)
@@ -161,14 +195,23 @@ fn run_forwards_sigterm_and_unmounts() {
         .arg("run")
         .arg(&img)
         .arg(&mnt)
-        .args(["--", "sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.1; done"])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 7' TERM; while :; do sleep 0.1; done",
+        ])
         .spawn()
         .unwrap();
     assert!(wait_for(20, || is_mounted(&mnt)));
     std::thread::sleep(std::time::Duration::from_millis(300));
     kill(run.id() as i32, libc::SIGTERM);
     let status = run.wait().unwrap();
-    assert_eq!(status.code(), Some(7), "the command's own exit status passes through");
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "the command's own exit status passes through"
+    );
     assert!(!is_mounted(&mnt));
 }
 
@@ -189,7 +232,10 @@ fn run_unmounts_when_the_command_is_killed() {
     let sleepers = || -> Vec<i32> {
         pids_with_args(&[b"sleep", b"60"])
             .into_iter()
-            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sleep"))
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            })
             .collect()
     };
     assert!(wait_for(10, || !sleepers().is_empty()));
@@ -219,7 +265,10 @@ fn writes_are_refused_with_erofs() {
 fn mount_fails(img: &Path, mnt: &Path, expect: &str) {
     let out = archfs().arg("mount").arg(img).arg(mnt).output().unwrap();
     let err = stderr_of(&out);
-    assert!(!out.status.success(), "mount of {img:?} on {mnt:?} succeeded");
+    assert!(
+        !out.status.success(),
+        "mount of {img:?} on {mnt:?} succeeded"
+    );
     assert!(err.contains(expect), "expected {expect:?} in: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
     assert!(!is_mounted(mnt));
@@ -231,7 +280,10 @@ fn mount_errors_are_one_clear_line() {
     let img = small_image(&dir);
     let mnt = dir.join("mnt");
     mount_fails(&dir.join("missing.sqfs"), &mnt, "cannot open archive");
-    assert!(!mnt.exists(), "a failed mount must not leave the mount point it created");
+    assert!(
+        !mnt.exists(),
+        "a failed mount must not leave the mount point it created"
+    );
     std::fs::write(dir.join("text.sqfs"), b"just some text, not an image").unwrap();
     mount_fails(&dir.join("text.sqfs"), &mnt, "not a SquashFS image");
     std::fs::write(dir.join("file"), b"").unwrap();

@@ -125,7 +125,9 @@ pub fn resolve(archive: &dyn Archive, path: &Path) -> Result<Attr> {
                 attr = archive.lookup(attr.ino, name.as_bytes())?;
             }
             std::path::Component::ParentDir => {
-                return Err(Error::Unsupported("`..` is not allowed in archive paths".into()))
+                return Err(Error::Unsupported(
+                    "`..` is not allowed in archive paths".into(),
+                ))
             }
             _ => {}
         }

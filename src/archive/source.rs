@@ -22,7 +22,10 @@ impl Source {
                 std::io::ErrorKind::PermissionDenied => "check its permissions",
                 _ => "",
             };
-            Error::io(format!("cannot open archive {} ({hint})", path.display()), e)
+            Error::io(
+                format!("cannot open archive {} ({hint})", path.display()),
+                e,
+            )
         })?;
         let meta = file
             .metadata()

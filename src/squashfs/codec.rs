@@ -77,7 +77,10 @@ impl Codec {
 }
 
 fn bad(codec: Codec, what: String) -> Error {
-    Error::corrupt(format!("{} block does not decompress: {what}", codec.name()))
+    Error::corrupt(format!(
+        "{} block does not decompress: {what}",
+        codec.name()
+    ))
 }
 
 fn gzip(src: &[u8], limit: usize) -> Result<Vec<u8>> {
@@ -93,7 +96,10 @@ fn gzip(src: &[u8], limit: usize) -> Result<Vec<u8>> {
             .decompress_vec(src, &mut out, flate2::FlushDecompress::Finish)
             .map_err(|e| bad(Codec::Gzip, e.to_string()))?;
         if status != flate2::Status::StreamEnd {
-            return Err(bad(Codec::Gzip, "stream does not end within the block".into()));
+            return Err(bad(
+                Codec::Gzip,
+                "stream does not end within the block".into(),
+            ));
         }
         Ok(out)
     })
@@ -106,9 +112,8 @@ fn zstd(src: &[u8], limit: usize) -> Result<Vec<u8>> {
     DCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            *slot = Some(
-                zstd::bulk::Decompressor::new().map_err(|e| bad(Codec::Zstd, e.to_string()))?,
-            );
+            *slot =
+                Some(zstd::bulk::Decompressor::new().map_err(|e| bad(Codec::Zstd, e.to_string()))?);
         }
         let d = slot.as_mut().expect("just set");
         d.decompress(src, limit)
@@ -122,7 +127,9 @@ mod tests {
     use std::io::Write;
 
     fn sample() -> Vec<u8> {
-        (0..20_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect()
+        (0..20_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect()
     }
 
     #[test]
@@ -148,12 +155,18 @@ mod tests {
             (Codec::Xz, xz),
             (Codec::Lzo, lzo),
         ] {
-            assert_eq!(codec.decompress(&blob, data.len()).unwrap(), data, "{codec:?}");
+            assert_eq!(
+                codec.decompress(&blob, data.len()).unwrap(),
+                data,
+                "{codec:?}"
+            );
             assert!(
                 codec.decompress(&blob, data.len() - 1).is_err(),
                 "{codec:?} must refuse to expand past the limit"
             );
-            assert!(codec.decompress(&blob[..blob.len() / 2], data.len()).is_err());
+            assert!(codec
+                .decompress(&blob[..blob.len() / 2], data.len())
+                .is_err());
         }
     }
 

@@ -30,7 +30,11 @@ fn kind_of(typ: u16) -> Result<Kind> {
         5 => Kind::CharDev,
         6 => Kind::Fifo,
         7 => Kind::Socket,
-        t => return Err(Error::corrupt(format!("directory entry of unknown type {t}"))),
+        t => {
+            return Err(Error::corrupt(format!(
+                "directory entry of unknown type {t}"
+            )))
+        }
     })
 }
 

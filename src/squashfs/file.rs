@@ -79,7 +79,9 @@ impl SquashFs {
                 return Ok((self.zero_block.clone(), 0, len));
             }
             let pos = layout.starts[i as usize];
-            let block = self.data_cache.get_or_load(pos, || self.load_block(pos, stored))?;
+            let block = self
+                .data_cache
+                .get_or_load(pos, || self.load_block(pos, stored))?;
             if block.len() < len {
                 return Err(Error::corrupt(format!(
                     "data block at {pos} decodes to {} bytes, expected {len}",
@@ -136,8 +138,16 @@ impl SquashFs {
         let mut out = Vec::with_capacity((end - offset) as usize);
         for i in first..=last {
             let (block, start, len) = self.chunk(&layout, i)?;
-            let lo = if i == first { (offset - i * bs) as usize } else { 0 };
-            let hi = if i == last { (end - i * bs) as usize } else { len };
+            let lo = if i == first {
+                (offset - i * bs) as usize
+            } else {
+                0
+            };
+            let hi = if i == last {
+                (end - i * bs) as usize
+            } else {
+                len
+            };
             out.extend_from_slice(&block[start + lo..start + hi]);
         }
         Ok(Data::Owned(out))

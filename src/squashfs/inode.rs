@@ -58,8 +58,11 @@ impl SquashFs {
     pub fn inode(&self, r: u64) -> Result<Inode> {
         let block = r >> 16;
         let offset = (r & 0xffff) as usize;
-        if offset >= super::metadata::BLOCK_SIZE || block >= self.sb.dir_table - self.sb.inode_table {
-            return Err(Error::corrupt(format!("inode reference {r:#x} is out of range")));
+        if offset >= super::metadata::BLOCK_SIZE || block >= self.sb.dir_table - self.sb.inode_table
+        {
+            return Err(Error::corrupt(format!(
+                "inode reference {r:#x} is out of range"
+            )));
         }
         let mut c = self.cursor(self.sb.inode_table + block, offset);
         let typ = c.u16()?;

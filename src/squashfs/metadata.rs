@@ -36,9 +36,10 @@ impl SquashFs {
             let data = if hdr & 0x8000 != 0 {
                 raw
             } else {
-                self.sb.codec.decompress(&raw, BLOCK_SIZE).map_err(|e| {
-                    Error::corrupt(format!("metadata block at {pos}: {e}"))
-                })?
+                self.sb
+                    .codec
+                    .decompress(&raw, BLOCK_SIZE)
+                    .map_err(|e| Error::corrupt(format!("metadata block at {pos}: {e}")))?
             };
             if data.is_empty() || data.len() > BLOCK_SIZE {
                 return Err(Error::corrupt(format!(

@@ -82,7 +82,9 @@ impl SquashFs {
             data_cache: BlockCache::new("data", data),
         };
         if fs.sb.frag_count > 0 && fs.frag_ptrs.is_empty() {
-            return Err(Error::corrupt("fragments are used but the fragment table is missing"));
+            return Err(Error::corrupt(
+                "fragments are used but the fragment table is missing",
+            ));
         }
         fs.ids = fs.load_ids()?;
         let root = fs.inode(fs.sb.root_inode)?;

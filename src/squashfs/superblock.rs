@@ -8,7 +8,6 @@ pub const SIZE: usize = 96;
 /// Marks an absent optional table (xattrs, fragments, export).
 pub const NO_TABLE: u64 = u64::MAX;
 
-
 #[derive(Clone, Debug)]
 pub struct Superblock {
     pub inode_count: u32,

@@ -37,10 +37,14 @@ impl XattrTable {
 impl SquashFs {
     pub fn read_xattrs(&self, idx: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let Some(table) = &self.xattrs else {
-            return Err(Error::corrupt("inode has xattrs but the image has no xattr table"));
+            return Err(Error::corrupt(
+                "inode has xattrs but the image has no xattr table",
+            ));
         };
         if idx >= table.count {
-            return Err(Error::corrupt(format!("xattr index {idx} outside the table")));
+            return Err(Error::corrupt(format!(
+                "xattr index {idx} outside the table"
+            )));
         }
         let per_block = BLOCK_SIZE as u32 / 16;
         let mut c = self.cursor(
@@ -72,8 +76,7 @@ impl SquashFs {
                     return Err(Error::corrupt("out-of-line xattr reference is not 8 bytes"));
                 }
                 let vref = kv.u64()?;
-                let mut vc =
-                    self.cursor(table.kv_start + (vref >> 16), (vref & 0xffff) as usize);
+                let mut vc = self.cursor(table.kv_start + (vref >> 16), (vref & 0xffff) as usize);
                 let len = vc.u32()? as usize;
                 if len > MAX_VALUE {
                     return Err(Error::corrupt(format!("xattr value of {len} bytes")));

@@ -49,7 +49,10 @@ impl Drop for TempDir {
             let _ = Command::new("umount").arg("-l").arg(&m).status();
         }
         // Restore permissions the awkward tree removed, so removal can descend.
-        let _ = Command::new("chmod").args(["-R", "u+rwx"]).arg(&self.0).status();
+        let _ = Command::new("chmod")
+            .args(["-R", "u+rwx"])
+            .arg(&self.0)
+            .status();
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -72,7 +75,9 @@ pub fn is_mounted(path: &Path) -> bool {
 
 /// Runs a command to completion, panicking with its output if it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\n{}{}",
@@ -101,7 +106,10 @@ pub struct Mount {
 impl Mount {
     pub fn new(archive: &Path, path: &Path, args: &[&str]) -> Mount {
         run_ok(archfs().arg("mount").arg(archive).arg(path).args(args));
-        assert!(is_mounted(path), "archfs mount returned 0 but {path:?} is not mounted");
+        assert!(
+            is_mounted(path),
+            "archfs mount returned 0 but {path:?} is not mounted"
+        );
         Mount {
             path: path.to_owned(),
         }
@@ -149,8 +157,10 @@ pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
         let mnt_bytes = mnt.as_os_str().as_encoded_bytes();
         if args.iter().any(|a| a.ends_with(b"archfs"))
-            && args.iter().any(|a| *a == b"--ready-fd" || *a == b"-f" || *a == b"--foreground")
-            && args.iter().any(|a| *a == mnt_bytes)
+            && args
+                .iter()
+                .any(|a| *a == b"--ready-fd" || *a == b"-f" || *a == b"--foreground")
+            && args.contains(&mnt_bytes)
         {
             pids.push(pid);
         }

@@ -1,0 +1,246 @@
+//! The SquashFS reader through the `Archive` interface, without a mount: images built by
+//! mksquashfs with every compressor and layout option are walked and compared with the
+//! source tree.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use archfs::archive::{self, Archive, Kind, ROOT_INO};
+use archfs::cache::CacheConfig;
+use archfs::error::Error;
+use common::*;
+
+/// A tree with the cases a reader can get wrong: block boundaries, fragments, sparse
+/// blocks, hard links, symlinks, xattrs, and a directory large enough to carry an index.
+fn source_tree(dir: &TempDir) -> std::path::PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir_all(src.join("big")).unwrap();
+    std::fs::create_dir_all(src.join("a/b/c")).unwrap();
+    let mut seed = 12345u64;
+    let mut rnd = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect()
+    };
+    for (i, size) in [
+        0usize, 1, 4095, 4096, 4097, 65536, 131071, 131072, 131073, 400_000,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        std::fs::write(src.join(format!("a/file{i}")), rnd(size)).unwrap();
+    }
+    std::fs::write(src.join("a/b/zeros"), vec![0u8; 300_000]).unwrap();
+    let mut sparse = vec![0u8; 600_000];
+    sparse[10] = 1;
+    sparse[599_999] = 2;
+    std::fs::write(src.join("a/b/sparse"), sparse).unwrap();
+    for i in 0..3000 {
+        std::fs::write(src.join(format!("big/f{i:05}.jpg")), rnd(i % 700)).unwrap();
+    }
+    std::fs::hard_link(src.join("a/file3"), src.join("a/b/c/link3")).unwrap();
+    std::os::unix::fs::symlink("../file3", src.join("a/b/rel")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", src.join("a/dangling")).unwrap();
+    std::fs::set_permissions(src.join("a/file1"), std::fs::Permissions::from_mode(0o4751)).unwrap();
+    run_ok(
+        Command::new("setfattr")
+            .args(["-n", "user.note", "-v", "hello"])
+            .arg(src.join("a/file2")),
+    );
+    src
+}
+
+fn walk_compare(a: &dyn Archive, ino: u64, dir: &Path, xattrs: bool) -> usize {
+    let mut checked = 0;
+    let entries = a.read_dir(ino).unwrap();
+    let mut on_disk: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_encoded_bytes())
+        .collect();
+    on_disk.sort();
+    let mut names: Vec<_> = entries.iter().map(|e| e.name.to_vec()).collect();
+    names.sort();
+    assert_eq!(names, on_disk, "names in {dir:?}");
+    for e in &entries {
+        let path = dir.join(std::ffi::OsStr::from_encoded_bytes_unchecked_safe(&e.name));
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let attr = a.lookup(ino, &e.name).unwrap();
+        assert_eq!(
+            attr,
+            a.attr(e.ino).unwrap(),
+            "lookup and attr agree for {path:?}"
+        );
+        assert_eq!(attr.ino, e.ino);
+        assert_eq!(u32::from(attr.perm), meta.mode() & 0o7777, "{path:?}");
+        assert_eq!(i64::from(attr.mtime as i32 as i64 == attr.mtime), 1);
+        assert_eq!(attr.mtime, meta.mtime(), "{path:?}");
+        assert_eq!((attr.uid, attr.gid), (meta.uid(), meta.gid()), "{path:?}");
+        let ft = meta.file_type();
+        match e.kind {
+            Kind::Dir => {
+                assert!(ft.is_dir());
+                checked += walk_compare(a, e.ino, &path, xattrs);
+            }
+            Kind::File => {
+                assert!(ft.is_file(), "{path:?}");
+                assert_eq!(attr.size, meta.len());
+                assert_eq!(attr.nlink as u64, meta.nlink(), "{path:?}");
+                let want = std::fs::read(&path).unwrap();
+                let mut got = Vec::new();
+                // Odd-sized reads cross block and fragment boundaries.
+                while (got.len() as u64) < attr.size {
+                    let d = a.read(e.ino, got.len() as u64, 70_001).unwrap();
+                    assert!(!d.is_empty());
+                    got.extend_from_slice(&d);
+                }
+                assert!(a.read(e.ino, attr.size, 10).unwrap().is_empty());
+                assert!(got == want, "content of {path:?}");
+            }
+            Kind::Symlink => {
+                assert_eq!(
+                    a.readlink(e.ino).unwrap(),
+                    std::fs::read_link(&path)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes()
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        if xattrs && e.kind != Kind::Symlink {
+            let got: HashMap<_, _> = a.xattrs(e.ino).unwrap().into_iter().collect();
+            let out = run_ok(
+                Command::new("getfattr")
+                    .args(["--absolute-names", "-d", "-m", "-"])
+                    .arg(&path),
+            );
+            let listed = String::from_utf8_lossy(&out.stdout)
+                .matches("user.")
+                .count();
+            assert_eq!(
+                got.keys().filter(|k| k.starts_with(b"user.")).count(),
+                listed,
+                "{path:?}"
+            );
+        }
+        checked += 1;
+    }
+    checked
+}
+
+trait FromBytes {
+    fn from_encoded_bytes_unchecked_safe(b: &[u8]) -> &std::ffi::OsStr;
+}
+impl FromBytes for std::ffi::OsStr {
+    fn from_encoded_bytes_unchecked_safe(b: &[u8]) -> &std::ffi::OsStr {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(b)
+    }
+}
+
+#[test]
+fn every_compressor_and_layout_reads_back_exactly() {
+    let dir = TempDir::new("reader");
+    let src = source_tree(&dir);
+    let variants: &[&[&str]] = &[
+        &["-comp", "gzip"],
+        &["-comp", "xz"],
+        &["-comp", "lz4"],
+        &["-comp", "zstd"],
+        &["-comp", "lzo"],
+        &["-comp", "xz", "-Xbcj", "x86"],
+        &["-comp", "lz4", "-Xhc"],
+        &["-comp", "gzip", "-b", "4K"],
+        &["-comp", "zstd", "-b", "1M"],
+        &["-no-fragments"],
+        &["-always-use-fragments"],
+        &["-noI", "-noD", "-noF", "-noX"],
+        &["-no-xattrs"],
+        &["-no-sparse"],
+        &["-no-duplicates"],
+    ];
+    for args in variants {
+        let img = dir.join("img.sqfs");
+        mksquashfs(&src, &img, args);
+        let a = archive::open(
+            &img,
+            &CacheConfig {
+                total_bytes: 1 << 20,
+            },
+        )
+        .unwrap();
+        let n = walk_compare(&*a, ROOT_INO, &src, !args.contains(&"-no-xattrs"));
+        assert!(n > 3000, "{args:?}: walked only {n} entries");
+    }
+}
+
+#[test]
+fn lookups_use_the_directory_index_and_miss_cleanly() {
+    let dir = TempDir::new("lookup");
+    let src = source_tree(&dir);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let a = archive::open(&img, &CacheConfig::default()).unwrap();
+    let big = a.lookup(ROOT_INO, b"big").unwrap();
+    for i in (0..3000).step_by(7) {
+        let name = format!("f{i:05}.jpg");
+        let attr = a.lookup(big.ino, name.as_bytes()).unwrap();
+        assert_eq!(attr.size, (i % 700) as u64);
+        let miss = format!("f{i:05}.jpf");
+        assert!(matches!(
+            a.lookup(big.ino, miss.as_bytes()),
+            Err(Error::NotFound)
+        ));
+    }
+    for miss in [&b"a"[..], b"zzzz", b"f", b"f99999.jpg", b""] {
+        assert!(
+            matches!(a.lookup(big.ino, miss), Err(Error::NotFound)),
+            "{miss:?}"
+        );
+    }
+    let file = a.lookup(ROOT_INO, b"a").unwrap();
+    let f0 = a.lookup(file.ino, b"file0").unwrap();
+    assert!(matches!(a.lookup(f0.ino, b"x"), Err(Error::NotDir)));
+    assert!(matches!(a.readlink(f0.ino), Err(Error::NotSymlink)));
+}
+
+#[test]
+fn parallel_readers_of_one_archive_agree() {
+    let dir = TempDir::new("threads");
+    let src = source_tree(&dir);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &["-comp", "zstd"]);
+    // A cache far smaller than the data, so eviction races with the readers.
+    let a = archive::open(
+        &img,
+        &CacheConfig {
+            total_bytes: 256 << 10,
+        },
+    )
+    .unwrap();
+    let big = a.lookup(ROOT_INO, b"big").unwrap();
+    let entries = a.read_dir(big.ino).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (a, entries, src) = (&a, &entries, &src);
+            s.spawn(move || {
+                for k in 0..entries.len() {
+                    let e = &entries[(k * 7 + t as usize * 389) % entries.len()];
+                    let name = std::str::from_utf8(&e.name).unwrap();
+                    let want = std::fs::read(src.join("big").join(name)).unwrap();
+                    let got = a.read(e.ino, 0, 1 << 20).unwrap();
+                    assert!(*got == *want, "{name}");
+                }
+            });
+        }
+    });
+}
