@@ -1,0 +1,151 @@
+//! An ordinary user mounts, reads and unmounts through fusermount3, and the watchdog
+//! cleans up after a killed server without root.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+const USER: &str = "archfs-test";
+
+fn user_ids() -> (u32, u32) {
+    if !Command::new("id")
+        .arg(USER)
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        run_ok(Command::new("useradd").args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            USER,
+        ]));
+    }
+    let id = |flag: &str| -> u32 {
+        String::from_utf8(run_ok(Command::new("id").args([flag, USER])).stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (id("-u"), id("-g"))
+}
+
+fn as_user(uid: u32, gid: u32, args: &[&std::ffi::OsStr]) -> Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn mount_line(mnt: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let m = mnt.to_str().unwrap();
+    table
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(m))
+        .map(str::to_owned)
+}
+
+#[test]
+fn an_ordinary_user_mounts_reads_and_unmounts() {
+    let (uid, gid) = user_ids();
+    // /dev/fuse is 0600 on these machines (0666 on ordinary installs).
+    std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+    let dir = TempDir::new("nonroot");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("hello.txt"), b"hello from a user mount\n").unwrap();
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    let mnt = home.join("mnt");
+    let bin = std::ffi::OsStr::new(archfs_bin());
+
+    let out = as_user(
+        uid,
+        gid,
+        &[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()],
+    );
+    assert!(
+        out.status.success(),
+        "user mount failed: {}",
+        stderr_of(&out)
+    );
+    let line = mount_line(&mnt).expect("mounted");
+    assert!(
+        line.contains(&format!("user_id={uid}")),
+        "not a user mount: {line}"
+    );
+    let out = as_user(
+        uid,
+        gid,
+        &["cat".as_ref(), mnt.join("hello.txt").as_os_str()],
+    );
+    assert_eq!(
+        out.stdout,
+        b"hello from a user mount\n",
+        "{}",
+        stderr_of(&out)
+    );
+    let out = as_user(uid, gid, &[bin, "unmount".as_ref(), mnt.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "user unmount failed: {}",
+        stderr_of(&out)
+    );
+    assert!(mount_line(&mnt).is_none());
+    assert!(
+        wait_for(10, || !mnt.exists()),
+        "created mount point left behind"
+    );
+
+    // The server dies by SIGKILL: the watchdog unmounts through fusermount3 as the user.
+    let out = as_user(
+        uid,
+        gid,
+        &[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let pids = pids_of_mount(&mnt);
+    assert_eq!(pids.len(), 1, "server pids {pids:?}");
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    assert!(
+        wait_for(10, || mount_line(&mnt).is_none()),
+        "stale user mount after SIGKILL"
+    );
+
+    // `archfs run` as the user.
+    let script = format!("cat {}/hello.txt", mnt.display());
+    let out = as_user(
+        uid,
+        gid,
+        &[
+            bin,
+            "run".as_ref(),
+            img.as_os_str(),
+            mnt.as_os_str(),
+            "--".as_ref(),
+            "sh".as_ref(),
+            "-c".as_ref(),
+            script.as_ref(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(out.stdout, b"hello from a user mount\n");
+    assert!(mount_line(&mnt).is_none());
+}
