@@ -224,13 +224,13 @@ fn run_unmounts_when_the_command_is_killed() {
         .arg("run")
         .arg(&img)
         .arg(&mnt)
-        .args(["--", "sleep", "60"])
+        .args(["--", "sleep", "3600.4242"])
         .spawn()
         .unwrap();
     assert!(wait_for(20, || is_mounted(&mnt)));
     // The command itself, not `archfs run`, whose arguments name it too.
     let sleepers = || -> Vec<i32> {
-        pids_with_args(&[b"sleep", b"60"])
+        pids_with_args(&[b"sleep", b"3600.4242"])
             .into_iter()
             .filter(|p| {
                 std::fs::read_to_string(format!("/proc/{p}/comm"))
