@@ -241,14 +241,17 @@ pub fn mount(
 }
 
 fn explain_mount_error(path: &Path, cfg: &MountConfig, e: std::io::Error) -> String {
+    let msg = e.to_string();
     let hint = if cfg.allow_other && !mountpoint::is_root() {
         " (allow_other needs `user_allow_other` in /etc/fuse.conf)"
+    } else if msg.contains("no write access") {
+        "; mount on a directory you own, e.g. /dev/shm/$USER/mnt"
     } else if e.kind() == std::io::ErrorKind::PermissionDenied {
-        " (check that you own the mount point and may use /dev/fuse)"
+        " (you may not use /dev/fuse here: check its permissions or ask the administrator)"
     } else {
         ""
     };
-    format!("cannot mount on {}: {e}{hint}", path.display())
+    format!("cannot mount on {}: {msg}{hint}", path.display())
 }
 
 impl Mount {

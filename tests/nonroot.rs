@@ -129,6 +129,19 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
         "stale user mount after SIGKILL"
     );
 
+    // A mount point the user may not write: one clear line that says what to do.
+    let root_dir = dir.join("root-owned");
+    std::fs::create_dir(&root_dir).unwrap();
+    let out = as_user(
+        uid,
+        gid,
+        &[bin, "mount".as_ref(), img.as_os_str(), root_dir.as_os_str()],
+    );
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(err.contains("a directory you own"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
     // `archfs run` as the user.
     let script = format!("cat {}/hello.txt", mnt.display());
     let out = as_user(
