@@ -313,7 +313,8 @@ impl Ready {
 
     fn send(&mut self, line: &str) {
         if let Some(mut f) = self.0.take() {
-            let _ = f.write_all(format!("{line}\n").as_bytes());
+            // One line: the parent reads up to the first newline.
+            let _ = f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes());
         }
     }
 }

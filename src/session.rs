@@ -241,7 +241,7 @@ pub fn mount(
 }
 
 fn explain_mount_error(path: &Path, cfg: &MountConfig, e: std::io::Error) -> String {
-    let msg = e.to_string();
+    let msg = e.to_string().trim().replace('\n', " ");
     let hint = if cfg.allow_other && !mountpoint::is_root() {
         " (allow_other needs `user_allow_other` in /etc/fuse.conf)"
     } else if msg.contains("no write access") {
