@@ -97,6 +97,9 @@ struct ServeArgs {
     /// Log every request and more (to the terminal with --foreground, or to --log).
     #[arg(long)]
     debug: bool,
+    /// Show tar archives inside a tar archive as directories (named without `.tar`).
+    #[arg(long)]
+    recursive: bool,
 }
 
 /// Parses `512M`, `2G`, `1048576`, `64KiB`.
@@ -293,7 +296,10 @@ fn open_archive(path: &Path, serve: &ServeArgs) -> Result<Arc<dyn Archive>, Fail
     let cache = CacheConfig {
         total_bytes: serve.cache_size,
     };
-    Ok(archive::open(path, &cache)?)
+    let options = archive::OpenOptions {
+        recursive: serve.recursive,
+    };
+    Ok(archive::open_with(path, &cache, &options)?)
 }
 
 /// Tells the parent of a background server whether the mount came up.

@@ -14,4 +14,5 @@ pub mod fuse;
 pub mod mountpoint;
 pub mod session;
 pub mod squashfs;
+pub mod tar;
 pub mod vfs;

@@ -99,6 +99,15 @@ pub trait Archive: Send + Sync {
 
 /// Opens an archive, choosing the format by its content rather than its name.
 pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
+    open_with(path, cache, &OpenOptions::default())
+}
+
+/// Like [`open`], with format-specific options.
+pub fn open_with(
+    path: &Path,
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Archive>> {
     let source = Source::open(path)?;
     let mut magic = [0u8; 4];
     if source.len() >= 4 {
@@ -107,11 +116,73 @@ pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
     if &magic == b"hsqs" {
         return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
     }
+    if let Some(name) = compressed(&magic) {
+        return Err(Error::Unsupported(format!(
+            "{} is a {name}-compressed archive, which archfs cannot read in place; \
+             decompress it once (e.g. `{}`) or pack it as SquashFS with `tar2sqfs`",
+            path.display(),
+            match name {
+                "gzip" => "gunzip -k FILE",
+                "zstd" => "zstd -d FILE",
+                "xz" => "xz -dk FILE",
+                "bzip2" => "bunzip2 -k FILE",
+                _ => "lz4 -d FILE",
+            }
+        )));
+    }
+    if is_tar(&source) {
+        let opts = crate::tar::BuildOptions {
+            recursive: options.recursive,
+            implied_uid: unsafe_uid(),
+            implied_gid: unsafe_gid(),
+            implied_mtime: source.mtime(),
+        };
+        return Ok(crate::tar::open(source, opts, cache)?);
+    }
     Err(Error::Unsupported(format!(
-        "{} is not a SquashFS image (no 'hsqs' magic); create one with `mksquashfs DIR {}`",
+        "{} is neither a SquashFS image nor a tar archive; create an image with \
+         `mksquashfs DIR {}`",
         path.display(),
         path.display()
     )))
+}
+
+/// Options that apply to some formats only.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Show `.tar` members of a tar archive as directories.
+    pub recursive: bool,
+}
+
+fn compressed(magic: &[u8; 4]) -> Option<&'static str> {
+    match magic {
+        [0x1f, 0x8b, _, _] => Some("gzip"),
+        [0x28, 0xb5, 0x2f, 0xfd] => Some("zstd"),
+        [0xfd, b'7', b'z', b'X'] => Some("xz"),
+        [b'B', b'Z', b'h', _] => Some("bzip2"),
+        [0x04, 0x22, 0x4d, 0x18] => Some("lz4"),
+        _ => None,
+    }
+}
+
+/// A tar archive starts with a header whose checksum holds (or is empty).
+fn is_tar(source: &Source) -> bool {
+    let mut raw = [0u8; 512];
+    if source.len() < 512 || source.read_exact_at(0, &mut raw).is_err() {
+        return false;
+    }
+    let h = crate::tar::header_ok(&raw);
+    h || (raw.iter().all(|&b| b == 0) && source.len() % 512 == 0)
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
+
+fn unsafe_gid() -> u32 {
+    // SAFETY: getgid has no preconditions.
+    unsafe { libc::getgid() }
 }
 
 /// Walks `path` (relative to the archive root; `/` and `.` components are ignored) to

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 pub struct Source {
     file: File,
     len: u64,
+    mtime: i64,
     path: PathBuf,
 }
 
@@ -36,15 +37,22 @@ impl Source {
                 path.display()
             )));
         }
+        use std::os::unix::fs::MetadataExt;
         Ok(Source {
             file,
             len: meta.len(),
+            mtime: meta.mtime(),
             path: path.to_owned(),
         })
     }
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// Modification time of the archive file (seconds).
+    pub fn mtime(&self) -> i64 {
+        self.mtime
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,0 +1,915 @@
+//! The index of a tar archive: one pass over the headers, skipping file data, builds a
+//! compact table of inodes and sorted directory entries that answers every lookup
+//! without touching the archive again.
+
+use std::collections::HashMap;
+
+use super::header::{self, Header, BLOCK};
+use crate::archive::{Kind, Source};
+use crate::error::{Error, Result};
+
+pub const NONE: u32 = u32::MAX;
+pub const ROOT: u32 = 0;
+
+/// Node flags.
+pub const SPARSE: u8 = 1;
+
+/// One inode. For a file `data` is the archive offset of its bytes (or, when sparse,
+/// the first of `aux` segments); for a directory it is the first of `aux` entries; for a
+/// symlink it is the offset of the target in the string table, `aux` long.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    pub size: u64,
+    pub data: u64,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub nlink: u32,
+    pub xattrs: u32,
+    pub aux: u32,
+    pub mode: u16,
+    pub kind: u8,
+    pub flags: u8,
+}
+
+/// A name in a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dirent {
+    pub name_off: u64,
+    pub name_len: u32,
+    pub node: u32,
+}
+
+/// A run of real data in a sparse file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub offset: u64,
+    pub len: u64,
+    pub archive_off: u64,
+}
+
+pub type XattrSet = Vec<(Vec<u8>, Vec<u8>)>;
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Index {
+    pub nodes: Vec<Node>,
+    pub dirents: Vec<Dirent>,
+    /// Names and symlink targets.
+    pub strings: Vec<u8>,
+    pub segments: Vec<Segment>,
+    pub xattrs: Vec<XattrSet>,
+    /// Members that were left out (unsafe names, dangling hard links), for the log.
+    pub skipped: Vec<String>,
+}
+
+pub fn kind_code(k: Kind) -> u8 {
+    match k {
+        Kind::File => 0,
+        Kind::Dir => 1,
+        Kind::Symlink => 2,
+        Kind::BlockDev => 3,
+        Kind::CharDev => 4,
+        Kind::Fifo => 5,
+        Kind::Socket => 6,
+    }
+}
+
+pub fn kind_of(code: u8) -> Kind {
+    match code {
+        1 => Kind::Dir,
+        2 => Kind::Symlink,
+        3 => Kind::BlockDev,
+        4 => Kind::CharDev,
+        5 => Kind::Fifo,
+        6 => Kind::Socket,
+        _ => Kind::File,
+    }
+}
+
+impl Index {
+    pub fn name(&self, d: &Dirent) -> &[u8] {
+        &self.strings[d.name_off as usize..d.name_off as usize + d.name_len as usize]
+    }
+
+    pub fn children(&self, dir: u32) -> &[Dirent] {
+        let n = &self.nodes[dir as usize];
+        if kind_of(n.kind) != Kind::Dir {
+            return &[];
+        }
+        &self.dirents[n.data as usize..n.data as usize + n.aux as usize]
+    }
+
+    /// Binary search: directory entries are sorted by name bytes.
+    pub fn find(&self, dir: u32, name: &[u8]) -> Option<u32> {
+        let kids = self.children(dir);
+        kids.binary_search_by(|d| self.name(d).cmp(name))
+            .ok()
+            .map(|i| kids[i].node)
+    }
+
+    pub fn symlink_target(&self, n: &Node) -> &[u8] {
+        &self.strings[n.data as usize..n.data as usize + n.aux as usize]
+    }
+
+    pub fn sparse_map(&self, n: &Node) -> &[Segment] {
+        &self.segments[n.data as usize..n.data as usize + n.aux as usize]
+    }
+}
+
+/// Splits a member name into safe components: leading `/`, empty and `.` components
+/// are dropped (like GNU tar); a name with `..` is refused.
+pub fn normalize(path: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// Settings of an index build.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    /// Show nested `.tar` members as directories (`--recursive`).
+    pub recursive: bool,
+    /// uid/gid/mtime for directories the archive only implies.
+    pub implied_uid: u32,
+    pub implied_gid: u32,
+    pub implied_mtime: i64,
+}
+
+struct RawEntry {
+    parent: u32,
+    name: Vec<u8>,
+    node: u32,
+    seq: u64,
+    /// A hard link: resolved against the finished tree.
+    link: Option<Vec<u8>>,
+}
+
+/// Collects members as the headers are read, then sorts them into an [`Index`].
+pub struct Builder<'a> {
+    src: &'a Source,
+    opts: BuildOptions,
+    nodes: Vec<Node>,
+    entries: Vec<RawEntry>,
+    dirs: HashMap<Vec<u8>, u32>,
+    strings: Vec<u8>,
+    segments: Vec<Segment>,
+    xattrs: Vec<XattrSet>,
+    skipped: Vec<String>,
+    seq: u64,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+/// Limits on metadata a hostile archive could inflate.
+const MAX_META: u64 = 16 << 20;
+const MAX_DEPTH: u32 = 8;
+
+/// A member's attributes gathered from its header and any PAX/GNU extensions.
+#[derive(Default)]
+struct Member {
+    path: Vec<u8>,
+    link: Vec<u8>,
+    typeflag: u8,
+    mode: u32,
+    uid: u64,
+    gid: u64,
+    mtime: i64,
+    mtime_nsec: u32,
+    size: u64,
+    rdev: u32,
+    xattrs: XattrSet,
+    sparse: Option<Sparse>,
+}
+
+#[derive(Default)]
+struct Sparse {
+    real_size: u64,
+    map: Vec<(u64, u64)>,
+    /// PAX 1.0 keeps the map at the start of the data.
+    map_in_data: bool,
+}
+
+fn new_encode_dev(major: u64, minor: u64) -> u32 {
+    let (major, minor) = (major as u32, minor as u32);
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+impl<'a> Builder<'a> {
+    pub fn new(src: &'a Source, opts: BuildOptions, progress: &'a mut dyn FnMut(u64)) -> Self {
+        let root = Node {
+            kind: kind_code(Kind::Dir),
+            mode: 0o755,
+            uid: opts.implied_uid,
+            gid: opts.implied_gid,
+            mtime: opts.implied_mtime,
+            xattrs: NONE,
+            ..Node::default()
+        };
+        let mut dirs = HashMap::new();
+        dirs.insert(Vec::new(), ROOT);
+        Builder {
+            src,
+            opts,
+            nodes: vec![root],
+            entries: Vec::new(),
+            dirs,
+            strings: Vec::new(),
+            segments: Vec::new(),
+            xattrs: Vec::new(),
+            skipped: Vec::new(),
+            seq: 0,
+            progress,
+        }
+    }
+
+    /// The directory node for `path`, creating it and any parents the archive only implies.
+    fn dir(&mut self, comps: &[&[u8]]) -> u32 {
+        let key = comps.join(&b'/');
+        if let Some(&n) = self.dirs.get(&key) {
+            return n;
+        }
+        let parent = self.dir(&comps[..comps.len() - 1]);
+        let node = self.push_node(Node {
+            kind: kind_code(Kind::Dir),
+            mode: 0o755,
+            uid: self.opts.implied_uid,
+            gid: self.opts.implied_gid,
+            mtime: self.opts.implied_mtime,
+            xattrs: NONE,
+            ..Node::default()
+        });
+        self.dirs.insert(key, node);
+        self.push_entry(parent, comps[comps.len() - 1].to_vec(), node, None);
+        node
+    }
+
+    fn push_node(&mut self, n: Node) -> u32 {
+        self.nodes.push(n);
+        (self.nodes.len() - 1) as u32
+    }
+
+    fn push_entry(&mut self, parent: u32, name: Vec<u8>, node: u32, link: Option<Vec<u8>>) {
+        self.seq += 1;
+        self.entries.push(RawEntry {
+            parent,
+            name,
+            node,
+            seq: self.seq,
+            link,
+        });
+    }
+
+    /// Reads the members of the tar stored at `[start, end)` of the source, placing them
+    /// under `prefix`.
+    pub fn scan(&mut self, start: u64, end: u64, prefix: &[Vec<u8>], depth: u32) -> Result<()> {
+        let mut pos = start;
+        let mut global: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut local: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut long_name: Option<Vec<u8>> = None;
+        let mut long_link: Option<Vec<u8>> = None;
+        let mut reader = BlockReader::new(self.src);
+        loop {
+            if pos + BLOCK > end {
+                if pos == end {
+                    break; // no end-of-archive blocks: accepted, like GNU tar
+                }
+                return Err(Error::corrupt(format!(
+                    "tar archive is truncated: {} bytes at offset {pos} do not make a header",
+                    end - pos
+                )));
+            }
+            let raw = reader.block(pos)?;
+            let h = Header::new(&raw);
+            if h.is_zero() {
+                break;
+            }
+            if !h.checksum_ok() {
+                return Err(Error::corrupt(format!(
+                    "tar header at offset {pos} has a bad checksum; the archive is damaged \
+                     there (check it with `tar -tvf`)"
+                )));
+            }
+            (self.progress)(pos);
+            let size = h.size()?;
+            let data_start = pos + BLOCK;
+            let typeflag = h.typeflag();
+            let read_meta = |what: &str| -> Result<Vec<u8>> {
+                if size > MAX_META || data_start + size > end {
+                    return Err(Error::corrupt(format!(
+                        "{what} of {size} bytes at offset {pos} is too large or truncated"
+                    )));
+                }
+                self.src.read_vec(data_start, size as usize)
+            };
+            match typeflag {
+                b'x' | b'g' => {
+                    let data = read_meta("PAX header")?;
+                    let recs: Vec<(Vec<u8>, Vec<u8>)> = header::pax_records(&data)?
+                        .into_iter()
+                        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                        .collect();
+                    if typeflag == b'x' {
+                        local.extend(recs);
+                    } else {
+                        global.extend(recs);
+                    }
+                    pos = data_start + size.div_ceil(BLOCK) * BLOCK;
+                    continue;
+                }
+                b'L' | b'K' => {
+                    let mut data = read_meta("GNU long name")?;
+                    while data.last() == Some(&0) {
+                        data.pop();
+                    }
+                    if typeflag == b'L' {
+                        long_name = Some(data);
+                    } else {
+                        long_link = Some(data);
+                    }
+                    pos = data_start + size.div_ceil(BLOCK) * BLOCK;
+                    continue;
+                }
+                _ => {}
+            }
+            let (maj, min) = h.dev()?;
+            let mut m = Member {
+                path: long_name.take().unwrap_or_else(|| h.path()),
+                link: long_link.take().unwrap_or_else(|| h.link_name()),
+                typeflag,
+                mode: h.mode()?,
+                uid: h.uid()?,
+                gid: h.gid()?,
+                mtime: h.mtime()?,
+                size,
+                rdev: new_encode_dev(maj, min),
+                ..Member::default()
+            };
+            let mut data_pos = data_start;
+            if typeflag == b'S' {
+                let (mut map, mut more, real) = h.gnu_sparse()?;
+                while more {
+                    if data_pos + BLOCK > end || map.len() > 1 << 20 {
+                        return Err(Error::corrupt("GNU sparse map is truncated"));
+                    }
+                    let ext = reader.block(data_pos)?;
+                    let (m2, more2) = header::gnu_sparse_ext(&ext)?;
+                    map.extend(m2);
+                    more = more2;
+                    data_pos += BLOCK;
+                }
+                m.sparse = Some(Sparse {
+                    real_size: real,
+                    map,
+                    map_in_data: false,
+                });
+            }
+            self.apply_pax(&mut m, global.iter().chain(local.iter()))?;
+            local.clear();
+            let stored = m.size;
+            let has_data = matches!(typeflag, b'0' | 0 | b'7' | b'S' | b'D')
+                || !matches!(typeflag, b'1'..=b'6');
+            let next = if has_data {
+                data_pos
+                    .checked_add(stored.div_ceil(BLOCK) * BLOCK)
+                    .ok_or_else(|| Error::corrupt("tar member size overflows"))?
+            } else {
+                data_pos
+            };
+            if has_data && data_pos + stored > end {
+                return Err(Error::corrupt(format!(
+                    "tar archive is truncated: member {:?} needs {stored} bytes at offset \
+                     {data_pos}, the archive ends at {end}",
+                    String::from_utf8_lossy(&m.path)
+                )));
+            }
+            self.add_member(m, data_pos, stored, prefix, depth)?;
+            pos = next;
+        }
+        Ok(())
+    }
+
+    fn apply_pax<'r>(
+        &mut self,
+        m: &mut Member,
+        records: impl Iterator<Item = &'r (Vec<u8>, Vec<u8>)>,
+    ) -> Result<()> {
+        let mut sparse_name = None;
+        let mut sparse_major = None;
+        let mut real_size = None;
+        let mut map01 = None;
+        let mut map00: Vec<u64> = Vec::new();
+        for (k, v) in records {
+            match k.as_slice() {
+                b"path" => m.path = v.clone(),
+                b"linkpath" => m.link = v.clone(),
+                b"size" => m.size = header::pax_number(v).unwrap_or(m.size),
+                b"uid" => m.uid = header::pax_number(v).unwrap_or(m.uid),
+                b"gid" => m.gid = header::pax_number(v).unwrap_or(m.gid),
+                b"mtime" => {
+                    if let Some((s, ns)) = header::pax_time(v) {
+                        m.mtime = s;
+                        m.mtime_nsec = ns;
+                    }
+                }
+                b"GNU.sparse.name" => sparse_name = Some(v.clone()),
+                b"GNU.sparse.major" => sparse_major = header::pax_number(v),
+                b"GNU.sparse.size" | b"GNU.sparse.realsize" => real_size = header::pax_number(v),
+                b"GNU.sparse.map" => map01 = Some(v.clone()),
+                b"GNU.sparse.offset" | b"GNU.sparse.numbytes" => {
+                    map00.push(header::pax_number(v).unwrap_or(0))
+                }
+                k if k.starts_with(b"SCHILY.xattr.") => {
+                    set_xattr(&mut m.xattrs, k[13..].to_vec(), v.clone());
+                }
+                k if k.starts_with(b"LIBARCHIVE.xattr.") => {
+                    if let Some(val) = base64(v) {
+                        set_xattr(&mut m.xattrs, percent_decode(&k[17..]), val);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(name) = sparse_name {
+            m.path = name;
+        }
+        if let Some(real) = real_size {
+            let mut sp = Sparse {
+                real_size: real,
+                ..Sparse::default()
+            };
+            if sparse_major == Some(1) {
+                sp.map_in_data = true;
+            } else if let Some(map) = map01 {
+                let nums: Vec<u64> = map
+                    .split(|&b| b == b',')
+                    .map(|x| header::pax_number(x).unwrap_or(0))
+                    .collect();
+                sp.map = nums.chunks_exact(2).map(|c| (c[0], c[1])).collect();
+            } else {
+                sp.map = map00.chunks_exact(2).map(|c| (c[0], c[1])).collect();
+            }
+            m.sparse = Some(sp);
+        }
+        Ok(())
+    }
+
+    fn add_member(
+        &mut self,
+        mut m: Member,
+        data_pos: u64,
+        stored: u64,
+        prefix: &[Vec<u8>],
+        depth: u32,
+    ) -> Result<()> {
+        let display = String::from_utf8_lossy(&m.path).into_owned();
+        let Some(comps) = normalize(&m.path) else {
+            self.skipped.push(format!("{display}: name contains `..`"));
+            return Ok(());
+        };
+        let mut full: Vec<&[u8]> = prefix.iter().map(Vec::as_slice).collect();
+        full.extend(comps.iter().copied());
+        let kind = match m.typeflag {
+            b'5' | b'D' => Kind::Dir,
+            b'2' => Kind::Symlink,
+            b'3' => Kind::CharDev,
+            b'4' => Kind::BlockDev,
+            b'6' => Kind::Fifo,
+            b'1' => {
+                // Hard link: resolved against the finished tree.
+                let Some(target) = normalize(&m.link) else {
+                    self.skipped
+                        .push(format!("{display}: link target contains `..`"));
+                    return Ok(());
+                };
+                if full.is_empty() {
+                    return Ok(());
+                }
+                let mut t: Vec<&[u8]> = prefix.iter().map(Vec::as_slice).collect();
+                t.extend(target);
+                let parent = self.dir(&full[..full.len() - 1]);
+                let name = full[full.len() - 1].to_vec();
+                self.push_entry(parent, name, NONE, Some(t.join(&b'/')));
+                return Ok(());
+            }
+            _ => Kind::File,
+        };
+        if full.is_empty() {
+            // `./` itself: the root's attributes.
+            if kind == Kind::Dir && prefix.is_empty() {
+                let xattrs = self.intern_xattrs(std::mem::take(&mut m.xattrs));
+                let root = &mut self.nodes[ROOT as usize];
+                root.mode = (m.mode & 0o7777) as u16;
+                root.uid = m.uid as u32;
+                root.gid = m.gid as u32;
+                root.mtime = m.mtime;
+                root.mtime_nsec = m.mtime_nsec;
+                root.xattrs = xattrs;
+            }
+            return Ok(());
+        }
+        // A nested tar shown as a directory.
+        if self.opts.recursive
+            && kind == Kind::File
+            && m.sparse.is_none()
+            && depth < MAX_DEPTH
+            && full[full.len() - 1].len() > 4
+            && full[full.len() - 1].ends_with(b".tar")
+            && looks_like_tar(self.src, data_pos, stored)
+        {
+            let mut inner: Vec<Vec<u8>> = full.iter().map(|c| c.to_vec()).collect();
+            if let Some(last) = inner.last_mut() {
+                last.truncate(last.len() - 4);
+            }
+            let comps: Vec<&[u8]> = inner.iter().map(Vec::as_slice).collect();
+            let node = self.dir(&comps);
+            let n = &mut self.nodes[node as usize];
+            // The archive file's mode, with search permission wherever it is readable.
+            n.mode = ((m.mode & 0o7777) | ((m.mode & 0o444) >> 2)) as u16;
+            n.uid = m.uid as u32;
+            n.gid = m.gid as u32;
+            n.mtime = m.mtime;
+            n.mtime_nsec = m.mtime_nsec;
+            return self.scan(data_pos, data_pos + stored, &inner, depth + 1);
+        }
+        let xattrs = self.intern_xattrs(std::mem::take(&mut m.xattrs));
+        let mut node = Node {
+            kind: kind_code(kind),
+            mode: (m.mode & 0o7777) as u16,
+            uid: m.uid as u32,
+            gid: m.gid as u32,
+            mtime: m.mtime,
+            mtime_nsec: m.mtime_nsec,
+            xattrs,
+            ..Node::default()
+        };
+        match kind {
+            Kind::Dir => {
+                let n = self.dir(&full);
+                self.nodes[n as usize] = node;
+                // Re-adding the entry makes a later duplicate win over an earlier file.
+                let parent = self.dir(&full[..full.len() - 1]);
+                self.push_entry(parent, full[full.len() - 1].to_vec(), n, None);
+                return Ok(());
+            }
+            Kind::Symlink => {
+                node.data = self.strings.len() as u64;
+                node.aux = m.link.len() as u32;
+                node.size = m.link.len() as u64;
+                self.strings.extend_from_slice(&m.link);
+            }
+            Kind::BlockDev | Kind::CharDev => node.rdev = m.rdev,
+            Kind::File => match m.sparse.take() {
+                Some(sp) => self.sparse_file(&mut node, sp, data_pos, stored, &display)?,
+                None => {
+                    node.size = stored;
+                    node.data = data_pos;
+                }
+            },
+            _ => {}
+        }
+        let parent = self.dir(&full[..full.len() - 1]);
+        let id = self.push_node(node);
+        self.push_entry(parent, full[full.len() - 1].to_vec(), id, None);
+        Ok(())
+    }
+
+    fn sparse_file(
+        &mut self,
+        node: &mut Node,
+        mut sp: Sparse,
+        mut data_pos: u64,
+        mut stored: u64,
+        display: &str,
+    ) -> Result<()> {
+        if sp.map_in_data {
+            // PAX 1.0: decimal numbers, one per line: count, then offset/length pairs,
+            // padded to a block boundary.
+            let mut text = Vec::new();
+            let mut lines: Vec<u64> = Vec::new();
+            let mut want = None;
+            let mut off = data_pos;
+            while want.is_none_or(|w| lines.len() < w) {
+                if off + BLOCK > data_pos + stored || text.len() as u64 > MAX_META {
+                    return Err(Error::corrupt(format!(
+                        "sparse map of {display} is truncated"
+                    )));
+                }
+                text.extend(self.src.read_vec(off, BLOCK as usize)?);
+                off += BLOCK;
+                lines.clear();
+                let complete = match text.iter().rposition(|&b| b == b'\n') {
+                    Some(p) => &text[..p],
+                    None => continue,
+                };
+                for l in complete.split(|&b| b == b'\n') {
+                    lines.push(
+                        header::pax_number(l).ok_or_else(|| {
+                            Error::corrupt(format!("bad sparse map in {display}"))
+                        })?,
+                    );
+                }
+                if let Some(&count) = lines.first() {
+                    want = Some(1 + 2 * count as usize);
+                }
+            }
+            sp.map = lines[1..].chunks_exact(2).map(|c| (c[0], c[1])).collect();
+            stored -= off - data_pos;
+            data_pos = off;
+        }
+        let first = self.segments.len() as u64;
+        let mut at = data_pos;
+        let mut last_end = 0u64;
+        for &(offset, len) in &sp.map {
+            let end = offset.checked_add(len);
+            if end.is_none_or(|e| e > sp.real_size) || offset < last_end {
+                return Err(Error::corrupt(format!(
+                    "sparse map of {display} is inconsistent"
+                )));
+            }
+            last_end = offset + len;
+            if len > 0 {
+                self.segments.push(Segment {
+                    offset,
+                    len,
+                    archive_off: at,
+                });
+            }
+            at += len;
+        }
+        if at - data_pos > stored {
+            return Err(Error::corrupt(format!(
+                "sparse map of {display} describes more data than is stored"
+            )));
+        }
+        node.flags |= SPARSE;
+        node.size = sp.real_size;
+        node.data = first;
+        node.aux = (self.segments.len() as u64 - first) as u32;
+        Ok(())
+    }
+
+    fn intern_xattrs(&mut self, set: XattrSet) -> u32 {
+        if set.is_empty() {
+            return NONE;
+        }
+        self.xattrs.push(set);
+        (self.xattrs.len() - 1) as u32
+    }
+
+    /// Sorts and deduplicates the entries (a later member wins), resolves hard links,
+    /// and counts links.
+    pub fn finish(mut self) -> Index {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.sort_by(|a, b| (a.parent, &a.name, a.seq).cmp(&(b.parent, &b.name, b.seq)));
+        // Keep the last of each (parent, name).
+        let mut kept: Vec<RawEntry> = Vec::with_capacity(entries.len());
+        for e in entries {
+            if let Some(last) = kept.last_mut() {
+                if last.parent == e.parent && last.name == e.name {
+                    *last = e;
+                    continue;
+                }
+            }
+            kept.push(e);
+        }
+        // Hard links, resolved by walking the sorted entries (links to links too).
+        let lookup = |kept: &[RawEntry], parent: u32, name: &[u8]| -> Option<usize> {
+            kept.binary_search_by(|e| (e.parent, e.name.as_slice()).cmp(&(parent, name)))
+                .ok()
+        };
+        for i in 0..kept.len() {
+            if kept[i].link.is_none() {
+                continue;
+            }
+            let mut target = kept[i].link.clone();
+            let mut resolved = NONE;
+            for _ in 0..16 {
+                let Some(t) = target.take() else { break };
+                let mut dir = ROOT;
+                let mut found = None;
+                let comps: Vec<&[u8]> = t.split(|&b| b == b'/').collect();
+                for (ci, c) in comps.iter().enumerate() {
+                    match lookup(&kept, dir, c) {
+                        Some(j) if ci + 1 == comps.len() => found = Some(j),
+                        Some(j) => dir = kept[j].node,
+                        None => break,
+                    }
+                }
+                match found {
+                    Some(j) if kept[j].link.is_some() && j != i => target = kept[j].link.clone(),
+                    Some(j) if kept[j].node != NONE => resolved = kept[j].node,
+                    _ => {}
+                }
+            }
+            if resolved != NONE && kind_of(self.nodes[resolved as usize].kind) != Kind::Dir {
+                kept[i].node = resolved;
+                kept[i].link = None;
+            }
+        }
+        let skipped = &mut self.skipped;
+        kept.retain(|e| {
+            if e.node == NONE {
+                skipped.push(format!(
+                    "{}: hard link to a member that is not in the archive",
+                    String::from_utf8_lossy(&e.name)
+                ));
+            }
+            e.node != NONE
+        });
+        // Names into the string table; children ranges; link counts.
+        let mut dirents = Vec::with_capacity(kept.len());
+        let mut starts: Vec<(u32, u64, u32)> = Vec::new();
+        for e in &kept {
+            match starts.last_mut() {
+                Some(s) if s.0 == e.parent => s.2 += 1,
+                _ => starts.push((e.parent, dirents.len() as u64, 1)),
+            }
+            let name_off = self.strings.len() as u64;
+            self.strings.extend_from_slice(&e.name);
+            dirents.push(Dirent {
+                name_off,
+                name_len: e.name.len() as u32,
+                node: e.node,
+            });
+        }
+        for n in &mut self.nodes {
+            if kind_of(n.kind) == Kind::Dir {
+                n.data = 0;
+                n.aux = 0;
+                n.nlink = 2;
+            } else {
+                n.nlink = 0;
+            }
+        }
+        for (parent, start, count) in starts {
+            let p = &mut self.nodes[parent as usize];
+            p.data = start;
+            p.aux = count;
+        }
+        for d in &dirents {
+            let kind = kind_of(self.nodes[d.node as usize].kind);
+            if kind == Kind::Dir {
+                // Counted once per parent entry below.
+            } else {
+                self.nodes[d.node as usize].nlink += 1;
+            }
+        }
+        for i in 0..self.nodes.len() {
+            if kind_of(self.nodes[i].kind) != Kind::Dir {
+                continue;
+            }
+            let (s, c) = (self.nodes[i].data as usize, self.nodes[i].aux as usize);
+            let subdirs = dirents[s..s + c]
+                .iter()
+                .filter(|d| kind_of(self.nodes[d.node as usize].kind) == Kind::Dir)
+                .count() as u32;
+            self.nodes[i].nlink = 2 + subdirs;
+        }
+        Index {
+            nodes: self.nodes,
+            dirents,
+            strings: self.strings,
+            segments: self.segments,
+            xattrs: self.xattrs,
+            skipped: self.skipped,
+        }
+    }
+}
+
+fn set_xattr(set: &mut XattrSet, name: Vec<u8>, value: Vec<u8>) {
+    match set.iter_mut().find(|(n, _)| *n == name) {
+        Some(slot) => slot.1 = value,
+        None => set.push((name, value)),
+    }
+}
+
+fn percent_decode(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'%' && i + 2 < s.len() {
+            let hex = std::str::from_utf8(&s[i + 1..i + 3]).unwrap_or("zz");
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
+}
+
+fn base64(s: &[u8]) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let s: Vec<u8> = s
+        .iter()
+        .copied()
+        .filter(|&c| c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= val(c)? << (18 - 6 * i);
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..chunk.len().saturating_sub(1)]);
+    }
+    Some(out)
+}
+
+/// Whether a member's data starts with a valid tar header.
+fn looks_like_tar(src: &Source, pos: u64, len: u64) -> bool {
+    if len < BLOCK {
+        return false;
+    }
+    let mut raw = [0u8; 512];
+    if src.read_exact_at(pos, &mut raw).is_err() {
+        return false;
+    }
+    let h = Header::new(&raw);
+    !h.is_zero() && h.checksum_ok()
+}
+
+/// Reads header blocks through a 64 KiB window: small members are read through,
+/// large ones skipped with a seek.
+struct BlockReader<'a> {
+    src: &'a Source,
+    buf: Vec<u8>,
+    at: u64,
+}
+
+const WINDOW: u64 = 64 << 10;
+
+impl<'a> BlockReader<'a> {
+    fn new(src: &'a Source) -> Self {
+        BlockReader {
+            src,
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    fn block(&mut self, pos: u64) -> Result<[u8; 512]> {
+        if pos < self.at || pos + BLOCK > self.at + self.buf.len() as u64 {
+            let len = WINDOW.min(self.src.len().saturating_sub(pos)).max(BLOCK);
+            self.buf = self.src.read_vec(pos, len as usize)?;
+            self.at = pos;
+        }
+        let off = (pos - self.at) as usize;
+        Ok(self.buf[off..off + 512].try_into().unwrap())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_normalised_and_dotdot_refused() {
+        assert_eq!(
+            normalize(b"./a//b/./c/").unwrap(),
+            vec![&b"a"[..], b"b", b"c"]
+        );
+        assert_eq!(
+            normalize(b"/etc/passwd").unwrap(),
+            vec![&b"etc"[..], b"passwd"]
+        );
+        assert!(normalize(b"a/../../x").is_none());
+        assert!(normalize(b"./").unwrap().is_empty());
+    }
+
+    #[test]
+    fn base64_and_percent() {
+        assert_eq!(base64(b"aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64(b"AAEC").unwrap(), vec![0, 1, 2]);
+        assert_eq!(percent_decode(b"user.a%3Db"), b"user.a=b");
+    }
+
+    #[test]
+    fn device_numbers_use_the_new_encoding() {
+        assert_eq!(new_encode_dev(1, 3), 0x103);
+        assert_eq!(
+            new_encode_dev(7, 300),
+            (300 & 0xff) | (7 << 8) | ((300 & !0xff) << 12)
+        );
+    }
+}

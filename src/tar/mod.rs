@@ -1,0 +1,258 @@
+//! Tar archives (v7, ustar, GNU, PAX) served in place: an index of the headers, and
+//! reads at the members' offsets through the shared block cache.
+
+mod header;
+pub mod index;
+
+use std::sync::Arc;
+
+use index::{kind_of, Index, Node, SPARSE};
+
+use crate::archive::{Archive, Attr, Data, DirEntry, Kind, Source, Stats, ROOT_INO};
+use crate::cache::{BlockCache, CacheConfig};
+use crate::error::{Error, Result};
+
+pub use index::BuildOptions;
+
+/// Whether `raw` is a non-empty header with a valid checksum.
+pub fn header_ok(raw: &[u8; 512]) -> bool {
+    let h = header::Header::new(raw);
+    !h.is_zero() && h.checksum_ok()
+}
+
+/// Reads smaller than this go through cached, aligned chunks of the archive, so the
+/// small members of a shard are fetched together; larger ones are read directly.
+const CHUNK: u64 = 128 << 10;
+const DIRECT: u64 = 64 << 10;
+
+pub struct TarArchive {
+    source: Source,
+    index: Index,
+    chunks: BlockCache<Vec<u8>>,
+}
+
+impl TarArchive {
+    /// Indexes the archive in one pass over its headers.
+    pub fn build(
+        source: Source,
+        opts: BuildOptions,
+        cache: &CacheConfig,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<TarArchive> {
+        let len = source.len();
+        let mut b = index::Builder::new(&source, opts, progress);
+        b.scan(0, len, &[], 0)?;
+        let index = b.finish();
+        for s in &index.skipped {
+            tracing::warn!("{}: skipped {s}", source.path().display());
+        }
+        Ok(TarArchive::from_index(source, index, cache))
+    }
+
+    pub fn from_index(source: Source, index: Index, cache: &CacheConfig) -> TarArchive {
+        TarArchive {
+            source,
+            index,
+            chunks: BlockCache::new("tar chunk", cache.total_bytes as usize),
+        }
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    fn node(&self, ino: u64) -> Result<(u32, &Node)> {
+        let id = ino
+            .checked_sub(1)
+            .filter(|&i| i < self.index.nodes.len() as u64)
+            .ok_or(Error::NotFound)? as u32;
+        Ok((id, &self.index.nodes[id as usize]))
+    }
+
+    fn make_attr(&self, id: u32, n: &Node) -> Attr {
+        let kind = kind_of(n.kind);
+        let stored = if n.flags & SPARSE != 0 {
+            self.index.sparse_map(n).iter().map(|s| s.len).sum()
+        } else if kind == Kind::File {
+            n.size
+        } else {
+            0
+        };
+        Attr {
+            ino: u64::from(id) + 1,
+            kind,
+            perm: n.mode,
+            nlink: n.nlink,
+            uid: n.uid,
+            gid: n.gid,
+            size: n.size,
+            blocks: stored.div_ceil(512),
+            mtime: n.mtime,
+            mtime_nsec: n.mtime_nsec,
+            rdev: n.rdev,
+        }
+    }
+
+    /// Bytes `[pos, pos + len)` of the archive file.
+    fn read_range(&self, pos: u64, len: u64) -> Result<Data> {
+        if len >= DIRECT {
+            return Ok(Data::Owned(self.source.read_vec(pos, len as usize)?));
+        }
+        let first = pos / CHUNK;
+        let last = (pos + len - 1) / CHUNK;
+        let chunk = |i: u64| {
+            self.chunks.get_or_load(i * CHUNK, || {
+                let start = i * CHUNK;
+                let n = CHUNK.min(self.source.len().saturating_sub(start));
+                self.source.read_vec(start, n as usize)
+            })
+        };
+        if first == last {
+            let c = chunk(first)?;
+            let from = (pos - first * CHUNK) as usize;
+            if from + len as usize > c.len() {
+                return Err(Error::corrupt(
+                    "member data lies past the end of the archive",
+                ));
+            }
+            return Ok(Data::Shared(c, from..from + len as usize));
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        for i in first..=last {
+            let c = chunk(i)?;
+            let lo = if i == first {
+                (pos - i * CHUNK) as usize
+            } else {
+                0
+            };
+            let hi = if i == last {
+                (pos + len - i * CHUNK) as usize
+            } else {
+                c.len()
+            };
+            if hi > c.len() {
+                return Err(Error::corrupt(
+                    "member data lies past the end of the archive",
+                ));
+            }
+            out.extend_from_slice(&c[lo..hi]);
+        }
+        Ok(Data::Owned(out))
+    }
+
+    fn read_sparse(&self, n: &Node, offset: u64, end: u64) -> Result<Data> {
+        let mut out = vec![0u8; (end - offset) as usize];
+        let map = self.index.sparse_map(n);
+        let start = map.partition_point(|s| s.offset + s.len <= offset);
+        for s in &map[start..] {
+            if s.offset >= end {
+                break;
+            }
+            let lo = s.offset.max(offset);
+            let hi = (s.offset + s.len).min(end);
+            let data = self.read_range(s.archive_off + (lo - s.offset), hi - lo)?;
+            out[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&data);
+        }
+        Ok(Data::Owned(out))
+    }
+}
+
+impl Archive for TarArchive {
+    fn format(&self) -> String {
+        format!(
+            "tar, {} inodes, {} entries",
+            self.index.nodes.len(),
+            self.index.dirents.len()
+        )
+    }
+
+    fn attr(&self, ino: u64) -> Result<Attr> {
+        let (id, n) = self.node(ino)?;
+        Ok(self.make_attr(id, n))
+    }
+
+    fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
+        let (id, n) = self.node(dir)?;
+        if kind_of(n.kind) != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let child = self.index.find(id, name).ok_or(Error::NotFound)?;
+        Ok(self.make_attr(child, &self.index.nodes[child as usize]))
+    }
+
+    fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
+        let (id, n) = self.node(dir)?;
+        if kind_of(n.kind) != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(self
+            .index
+            .children(id)
+            .iter()
+            .map(|d| DirEntry {
+                ino: u64::from(d.node) + 1,
+                kind: kind_of(self.index.nodes[d.node as usize].kind),
+                name: self.index.name(d).into(),
+            })
+            .collect())
+    }
+
+    fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
+        let (_, n) = self.node(ino)?;
+        match kind_of(n.kind) {
+            Kind::File => {}
+            Kind::Dir => return Err(Error::IsDir),
+            _ => return Err(Error::corrupt("read of an inode that is not a file")),
+        }
+        if offset >= n.size || size == 0 {
+            return Ok(Data::Owned(Vec::new()));
+        }
+        let end = (offset + u64::from(size)).min(n.size);
+        if n.flags & SPARSE != 0 {
+            return self.read_sparse(n, offset, end);
+        }
+        self.read_range(n.data + offset, end - offset)
+    }
+
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let (_, n) = self.node(ino)?;
+        if kind_of(n.kind) != Kind::Symlink {
+            return Err(Error::NotSymlink);
+        }
+        Ok(self.index.symlink_target(n).to_vec())
+    }
+
+    fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (_, n) = self.node(ino)?;
+        Ok(match n.xattrs {
+            index::NONE => Vec::new(),
+            i => self
+                .index
+                .xattrs
+                .get(i as usize)
+                .cloned()
+                .unwrap_or_default(),
+        })
+    }
+
+    fn stats(&self) -> Stats {
+        Stats {
+            bytes: self.source.len(),
+            block_size: CHUNK as u32,
+            inodes: self.index.nodes.len() as u64,
+            name_max: 255,
+        }
+    }
+}
+
+/// Opens a tar archive: the root inode is always `ROOT_INO`.
+pub fn open(source: Source, opts: BuildOptions, cache: &CacheConfig) -> Result<Arc<TarArchive>> {
+    debug_assert_eq!(ROOT_INO, 1);
+    let mut progress = |_pos: u64| {};
+    Ok(Arc::new(TarArchive::build(
+        source,
+        opts,
+        cache,
+        &mut progress,
+    )?))
+}
