@@ -4,6 +4,9 @@ use crate::error::{Error, Result};
 
 pub const BLOCK: u64 = 512;
 
+/// (offset, length) runs of data in a sparse file.
+pub type SparseMap = Vec<(u64, u64)>;
+
 /// One decoded header block.
 #[derive(Debug, Clone)]
 pub struct Header<'a> {
@@ -98,7 +101,7 @@ impl<'a> Header<'a> {
 
     /// Old GNU sparse header: up to 4 (offset, length) pairs, whether extension blocks
     /// follow, and the file's real size.
-    pub fn gnu_sparse(&self) -> Result<(Vec<(u64, u64)>, bool, u64)> {
+    pub fn gnu_sparse(&self) -> Result<(SparseMap, bool, u64)> {
         let mut map = Vec::new();
         for i in 0..4 {
             let at = 386 + i * 24;
@@ -115,7 +118,7 @@ impl<'a> Header<'a> {
 }
 
 /// An old GNU sparse extension block: 21 pairs and a continuation flag.
-pub fn gnu_sparse_ext(raw: &[u8; 512]) -> Result<(Vec<(u64, u64)>, bool)> {
+pub fn gnu_sparse_ext(raw: &[u8; 512]) -> Result<(SparseMap, bool)> {
     let mut map = Vec::new();
     for i in 0..21 {
         let at = i * 24;
