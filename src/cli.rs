@@ -100,6 +100,10 @@ struct ServeArgs {
     /// Show tar archives inside a tar archive as directories (named without `.tar`).
     #[arg(long)]
     recursive: bool,
+    /// Where a tar archive's index is saved and looked for [default: ARCHIVE.archfs-index
+    /// beside the archive if that directory is writable, else ~/.cache/archfs/].
+    #[arg(long, value_name = "FILE")]
+    index: Option<PathBuf>,
 }
 
 /// Parses `512M`, `2G`, `1048576`, `64KiB`.
@@ -154,7 +158,7 @@ pub fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => serve(args),
-        Cmd::Mount(args) => daemonize(&args),
+        Cmd::Mount(_) => daemonize(),
         Cmd::Unmount { mountpoint } => {
             let path = std::fs::canonicalize(&mountpoint).unwrap_or(mountpoint);
             if !mountpoint::is_mount_point(&path) {
@@ -298,8 +302,25 @@ fn open_archive(path: &Path, serve: &ServeArgs) -> Result<Arc<dyn Archive>, Fail
     };
     let options = archive::OpenOptions {
         recursive: serve.recursive,
+        index: serve.index.clone(),
     };
     Ok(archive::open_with(path, &cache, &options)?)
+}
+
+/// Points stderr (and so the log) at `path`, or at /dev/null.
+fn redirect_stderr(path: Option<&Path>) -> Result<(), Failure> {
+    let target = match path {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map_err(|e| format!("cannot open log file {}: {e}", p.display()))?,
+        None => std::fs::OpenOptions::new().write(true).open("/dev/null")?,
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: both descriptors are open; dup2 replaces fd 2 atomically.
+    unsafe { libc::dup2(target.as_raw_fd(), 2) };
+    Ok(())
 }
 
 /// Tells the parent of a background server whether the mount came up.
@@ -327,7 +348,7 @@ impl Ready {
 
 /// `archfs mount` without --foreground: start the server as a child in its own session
 /// and return once it reports the mount live, with its error otherwise.
-fn daemonize(args: &MountArgs) -> Result<ExitCode, Failure> {
+fn daemonize() -> Result<ExitCode, Failure> {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -344,19 +365,8 @@ fn daemonize(args: &MountArgs) -> Result<ExitCode, Failure> {
         .args(["--ready-fd", "3"])
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-    match &args.log {
-        Some(path) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| format!("cannot open log file {}: {e}", path.display()))?;
-            cmd.stderr(f);
-        }
-        None => {
-            cmd.stderr(Stdio::null());
-        }
-    }
+    // The server keeps our stderr until the mount is ready (progress bars, warnings),
+    // then switches to --log or /dev/null.
     let wfd = fds[1];
     // SAFETY: dup2 and setsid are async-signal-safe.
     unsafe {
@@ -400,6 +410,12 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     session::block_signals();
     init_logging(args.serve.debug);
     let mut ready = Ready::new(args.ready_fd);
+    let daemon = args.ready_fd.is_some();
+    // With --log everything goes there; without, a background server shows startup
+    // warnings and progress on the terminal, then goes quiet once the mount is ready.
+    if args.log.is_some() {
+        redirect_stderr(args.log.as_deref())?;
+    }
     let (tx, rx) = session::events();
     let setup = mount_config(&args.archive, &args.serve).and_then(|cfg| {
         let archive = open_archive(&args.archive, &args.serve)?;
@@ -408,12 +424,17 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     });
     let mut mount = match setup {
         Ok(m) => m,
-        Err(Failure(msg)) => {
+        Err(Failure(msg)) if daemon => {
+            // The parent prints it.
             ready.send(&format!("error: {msg}"));
-            return Err(Failure(msg));
+            return Ok(ExitCode::FAILURE);
         }
+        Err(e) => return Err(e),
     };
     ready.send("ok");
+    if daemon && args.log.is_none() {
+        redirect_stderr(None)?;
+    }
     loop {
         match rx.recv() {
             Ok(Event::Signal { signo, .. }) => {

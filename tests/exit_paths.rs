@@ -285,7 +285,11 @@ fn mount_errors_are_one_clear_line() {
         "a failed mount must not leave the mount point it created"
     );
     std::fs::write(dir.join("text.sqfs"), b"just some text, not an image").unwrap();
-    mount_fails(&dir.join("text.sqfs"), &mnt, "not a SquashFS image");
+    mount_fails(
+        &dir.join("text.sqfs"),
+        &mnt,
+        "neither a SquashFS image nor a tar archive",
+    );
     std::fs::write(dir.join("file"), b"").unwrap();
     mount_fails(&img, &dir.join("file"), "not a directory");
     std::fs::create_dir_all(dir.join("full")).unwrap();

@@ -384,3 +384,93 @@ fn damaged_and_compressed_archives_are_refused_clearly() {
         fails(&out, &format!("{tool}-compressed"));
     }
 }
+
+#[test]
+fn the_index_is_saved_reused_and_rebuilt_when_stale_or_damaged() {
+    let dir = TempDir::new("tar-index");
+    let src = dir.join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(src.join(format!("d/f{i}")), format!("file {i}")).unwrap();
+    }
+    let tar = dir.join("data.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("d"),
+    );
+    let mnt = dir.join("mnt");
+    let log = dir.join("log");
+    let mount = |extra: &[&str]| {
+        let _ = std::fs::remove_file(&log);
+        let mut args = vec!["--debug", "--log", log.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Mount::new(&tar, &mnt, &args)
+    };
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // Default place: beside the archive.
+    let m = mount(&[]);
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("d/f7")).unwrap(),
+        "file 7"
+    );
+    drop(m);
+    let beside = dir.join("data.tar.archfs-index");
+    assert!(beside.exists(), "index not saved beside the archive");
+    let m = mount(&[]);
+    assert!(logged().contains("using the saved index"), "{}", logged());
+    drop(m);
+
+    // Stale: the archive grew.
+    std::fs::write(src.join("d/new"), "appended").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    run_ok(
+        Command::new("tar")
+            .arg("-rf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("d/new"),
+    );
+    let m = mount(&[]);
+    assert!(logged().contains("out of date"), "{}", logged());
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("d/new")).unwrap(),
+        "appended"
+    );
+    drop(m);
+
+    // Damaged: flipped bytes in the saved file.
+    let mut ix = std::fs::read(&beside).unwrap();
+    let mid = ix.len() / 2;
+    ix[mid] ^= 0xff;
+    std::fs::write(&beside, &ix).unwrap();
+    let m = mount(&[]);
+    assert!(logged().contains("damaged"), "{}", logged());
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("d/f49")).unwrap(),
+        "file 49"
+    );
+    drop(m);
+
+    // Foreign: another archive's index in its place.
+    let other = dir.join("other.tar");
+    python_tar(&other, &[("zzz", Some("other"))]);
+    let _m = Mount::new(&other, &dir.join("mnt2"), &[]);
+    drop(_m);
+    std::fs::copy(dir.join("other.tar.archfs-index"), &beside).unwrap();
+    let m = mount(&[]);
+    assert!(logged().contains("out of date"), "{}", logged());
+    assert!(m.path.join("d/f0").exists() && !m.path.join("zzz").exists());
+    drop(m);
+
+    // A chosen place.
+    let chosen = dir.join("elsewhere/ix");
+    let m = mount(&["--index", chosen.to_str().unwrap()]);
+    drop(m);
+    assert!(chosen.exists());
+}

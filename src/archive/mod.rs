@@ -137,7 +137,12 @@ pub fn open_with(
             implied_gid: unsafe_gid(),
             implied_mtime: source.mtime(),
         };
-        return Ok(crate::tar::open(source, opts, cache)?);
+        return Ok(crate::tar::open(
+            source,
+            opts,
+            cache,
+            options.index.as_deref(),
+        )?);
     }
     Err(Error::Unsupported(format!(
         "{} is neither a SquashFS image nor a tar archive; create an image with \
@@ -152,6 +157,8 @@ pub fn open_with(
 pub struct OpenOptions {
     /// Show `.tar` members of a tar archive as directories.
     pub recursive: bool,
+    /// Where a tar archive's index is kept (default: beside it, or the cache dir).
+    pub index: Option<std::path::PathBuf>,
 }
 
 fn compressed(magic: &[u8; 4]) -> Option<&'static str> {

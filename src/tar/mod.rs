@@ -3,8 +3,11 @@
 
 mod header;
 pub mod index;
+pub mod persist;
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use index::{kind_of, Index, Node, SPARSE};
 
@@ -245,14 +248,67 @@ impl Archive for TarArchive {
     }
 }
 
-/// Opens a tar archive: the root inode is always `ROOT_INO`.
-pub fn open(source: Source, opts: BuildOptions, cache: &CacheConfig) -> Result<Arc<TarArchive>> {
+/// Opens a tar archive from its saved index when that matches the archive as it is now,
+/// else scans it (with a progress bar on a terminal) and saves the index for next time.
+pub fn open(
+    source: Source,
+    opts: BuildOptions,
+    cache: &CacheConfig,
+    index_path: Option<&Path>,
+) -> Result<Arc<TarArchive>> {
     debug_assert_eq!(ROOT_INO, 1);
-    let mut progress = |_pos: u64| {};
-    Ok(Arc::new(TarArchive::build(
-        source,
-        opts,
-        cache,
-        &mut progress,
-    )?))
+    let id = persist::Identity::of(&source, opts.recursive)?;
+    let path = index_path
+        .map(Path::to_owned)
+        .unwrap_or_else(|| persist::default_path(source.path()));
+    match persist::load(&path, &id) {
+        Ok(index) => {
+            tracing::info!("using the saved index {}", path.display());
+            return Ok(Arc::new(TarArchive::from_index(source, index, cache)));
+        }
+        Err(persist::Rejected::Missing) => {}
+        Err(why) => tracing::warn!(
+            "the saved index {} is {}; rebuilding it",
+            path.display(),
+            if why == persist::Rejected::Stale {
+                "out of date"
+            } else {
+                "damaged"
+            }
+        ),
+    }
+    let total = source.len();
+    let started = Instant::now();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut progress = |pos: u64| {
+        if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
+            let b = indicatif::ProgressBar::with_draw_target(
+                Some(total),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "indexing {prefix} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar = Some(b);
+        }
+        if let Some(b) = &bar {
+            b.set_position(pos);
+        }
+    };
+    let archive = TarArchive::build(source, opts, cache, &mut progress)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    tracing::info!(
+        "indexed {} entries in {:.2} s",
+        archive.index.dirents.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(e) = persist::save(&path, &archive.index, &id) {
+        tracing::warn!("cannot save the index to {}: {e}", path.display());
+    }
+    Ok(Arc::new(archive))
 }
