@@ -27,9 +27,9 @@ impl CacheConfig {
     /// of small files live in them), whole data blocks the rest.
     pub fn split(&self) -> (usize, usize, usize) {
         let total = self.total_bytes as usize;
-        let meta = (total / 8).max(4 << 20);
+        let meta = (total / 8).max((4 << 20).min(total / 2));
         let frag = total / 2;
-        let data = total.saturating_sub(meta + frag).max(1 << 20);
+        let data = total.saturating_sub(meta + frag);
         (meta, frag, data)
     }
 }
@@ -53,18 +53,21 @@ impl Weighted for Vec<u8> {
     }
 }
 
+#[derive(Debug)]
 struct Slot<V> {
     value: OnceLock<Option<Arc<V>>>,
     /// Bytes this slot added to its shard's total (0 until loaded and still present).
     charged: AtomicUsize,
 }
 
+#[derive(Debug)]
 struct Shard<V> {
     map: LruCache<u64, Arc<Slot<V>>, BuildHasherDefault<IdentityHasher>>,
     bytes: usize,
 }
 
 /// A byte-bounded cache of decoded blocks keyed by their position in the archive.
+#[derive(Debug)]
 pub struct BlockCache<V> {
     shards: Box<[Mutex<Shard<V>>]>,
     shard_budget: usize,
@@ -176,7 +179,7 @@ impl<V: Weighted> BlockCache<V> {
 
 /// Keys are archive offsets, already well spread once multiplied in `shard`; the map
 /// inside a shard hashes them with a cheap mix as well.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct IdentityHasher(u64);
 
 impl std::hash::Hasher for IdentityHasher {

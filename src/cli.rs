@@ -33,14 +33,17 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Mount an archive; returns once the mount is live, the server runs on in the background.
+    #[command(override_usage = "archfs mount [OPTIONS] ARCHIVE... MOUNTPOINT")]
     Mount(MountArgs),
     /// Unmount a mount point (lazily if files are still open there).
     #[command(alias = "umount")]
     Unmount { mountpoint: PathBuf },
     /// Mount, run a command, unmount when it ends; exits with the command's status.
+    #[command(override_usage = "archfs run [OPTIONS] ARCHIVE... MOUNTPOINT -- COMMAND [ARGS]...")]
     Run {
-        archive: PathBuf,
-        mountpoint: PathBuf,
+        /// ARCHIVE... MOUNTPOINT, as for `mount`.
+        #[arg(required = true, num_args = 2.., value_name = "PATH")]
+        paths: Vec<PathBuf>,
         #[command(flatten)]
         serve: ServeArgs,
         /// The command and its arguments, after `--`.
@@ -67,8 +70,12 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct MountArgs {
-    archive: PathBuf,
-    mountpoint: PathBuf,
+    /// ARCHIVE... MOUNTPOINT: one or more SquashFS images or tar archives (a directory
+    /// stands for the archives in it, e.g. WebDataset shards), then the mount point.
+    /// Several show as one tree: directories merge, and the archive given last wins for
+    /// any other name.
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
+    paths: Vec<PathBuf>,
     #[command(flatten)]
     serve: ServeArgs,
     /// Serve in the foreground instead of returning once the mount is live.
@@ -169,11 +176,13 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run {
-            archive,
-            mountpoint,
+            paths,
             serve,
             command,
-        } => run_command(&archive, &mountpoint, &serve, &command),
+        } => {
+            let (mountpoint, archives) = paths.split_last().expect("clap requires two");
+            run_command(archives, mountpoint, &serve, &command)
+        }
         Cmd::Info { archive } => {
             let a = archive::open(&archive, &CacheConfig::default())?;
             let s = a.stats();
@@ -273,7 +282,7 @@ fn default_threads() -> usize {
     (cpus * 2).clamp(4, 16)
 }
 
-fn mount_config(archive: &Path, serve: &ServeArgs) -> Result<MountConfig, Failure> {
+fn mount_config(archives: &[PathBuf], serve: &ServeArgs) -> Result<MountConfig, Failure> {
     let mut allow_other = false;
     for o in &serve.options {
         match o.as_str() {
@@ -289,22 +298,28 @@ fn mount_config(archive: &Path, serve: &ServeArgs) -> Result<MountConfig, Failur
     Ok(MountConfig {
         threads: serve.threads.unwrap_or_else(default_threads),
         allow_other,
-        fsname: std::fs::canonicalize(archive)
-            .unwrap_or_else(|_| archive.to_owned())
+        fsname: std::fs::canonicalize(&archives[0])
+            .unwrap_or_else(|_| archives[0].clone())
             .to_string_lossy()
             .replace([',', ' '], "_"),
     })
 }
 
-fn open_archive(path: &Path, serve: &ServeArgs) -> Result<Arc<dyn Archive>, Failure> {
+fn open_archive(paths: &[PathBuf], serve: &ServeArgs) -> Result<Arc<dyn Archive>, Failure> {
+    if serve.index.is_some() && paths.len() > 1 {
+        return Err(Failure(
+            "--index names the index of one archive; with several, each keeps its own".into(),
+        ));
+    }
     let cache = CacheConfig {
         total_bytes: serve.cache_size,
     };
     let options = archive::OpenOptions {
         recursive: serve.recursive,
         index: serve.index.clone(),
+        tar_chunks: None,
     };
-    Ok(archive::open_with(path, &cache, &options)?)
+    Ok(archive::open_many(paths, &cache, &options)?)
 }
 
 /// Points stderr (and so the log) at `path`, or at /dev/null.
@@ -417,10 +432,11 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
         redirect_stderr(args.log.as_deref())?;
     }
     let (tx, rx) = session::events();
-    let setup = mount_config(&args.archive, &args.serve).and_then(|cfg| {
-        let archive = open_archive(&args.archive, &args.serve)?;
-        tracing::info!("{}: {}", args.archive.display(), archive.format());
-        Ok(session::mount(archive, &args.mountpoint, &cfg, tx)?)
+    let (mountpoint, archives) = args.paths.split_last().expect("clap requires two");
+    let setup = mount_config(archives, &args.serve).and_then(|cfg| {
+        let archive = open_archive(archives, &args.serve)?;
+        tracing::info!("{}: {}", archives[0].display(), archive.format());
+        Ok(session::mount(archive, mountpoint, &cfg, tx)?)
     });
     let mut mount = match setup {
         Ok(m) => m,
@@ -453,7 +469,7 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
 
 /// `archfs run`: mount, run the command, forward signals to it, unmount when it ends.
 fn run_command(
-    archive_path: &Path,
+    archives: &[PathBuf],
     mountpoint: &Path,
     serve: &ServeArgs,
     command: &[OsString],
@@ -461,8 +477,8 @@ fn run_command(
     session::block_signals();
     init_logging(serve.debug);
     let (tx, rx) = session::events();
-    let cfg = mount_config(archive_path, serve)?;
-    let archive = open_archive(archive_path, serve)?;
+    let cfg = mount_config(archives, serve)?;
+    let archive = open_archive(archives, serve)?;
     let mount = session::mount(archive, mountpoint, &cfg, tx.clone())?;
     let child = Command::new(&command[0]).args(&command[1..]).spawn();
     let mut child = match child {

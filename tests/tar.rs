@@ -474,3 +474,83 @@ fn the_index_is_saved_reused_and_rebuilt_when_stale_or_damaged() {
     drop(m);
     assert!(chosen.exists());
 }
+
+#[test]
+fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
+    let dir = TempDir::new("tar-union");
+    let a = dir.join("a.tar");
+    python_tar(
+        &a,
+        &[
+            ("common/x.txt", Some("from a")),
+            ("only_a.txt", Some("a")),
+            ("dir/sub/a1", Some("a1")),
+            ("clash", None),
+        ],
+    );
+    let bsrc = dir.join("bsrc");
+    std::fs::create_dir_all(bsrc.join("common")).unwrap();
+    std::fs::create_dir_all(bsrc.join("dir/sub")).unwrap();
+    std::fs::write(bsrc.join("common/x.txt"), "from b").unwrap();
+    std::fs::write(bsrc.join("only_b.txt"), "b").unwrap();
+    std::fs::write(bsrc.join("dir/sub/b1"), "b1").unwrap();
+    std::fs::write(bsrc.join("clash"), "a file in b replaces a's directory").unwrap();
+    let b = dir.join("b.sqfs");
+    mksquashfs(&bsrc, &b, &[]);
+    let mnt = dir.join("mnt");
+    run_ok(archfs().arg("mount").arg(&a).arg(&b).arg(&mnt));
+    let m = Mount { path: mnt.clone() };
+    let read = |p: &str| std::fs::read_to_string(m.path.join(p)).unwrap();
+    assert_eq!(
+        read("common/x.txt"),
+        "from b",
+        "the archive given last wins"
+    );
+    assert_eq!(read("only_a.txt"), "a");
+    assert_eq!(read("only_b.txt"), "b");
+    assert_eq!(read("dir/sub/a1"), "a1");
+    assert_eq!(read("dir/sub/b1"), "b1");
+    assert_eq!(read("clash"), "a file in b replaces a's directory");
+    let mut sub: Vec<_> = std::fs::read_dir(m.path.join("dir/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    sub.sort();
+    assert_eq!(sub, ["a1", "b1"], "directories merge");
+    drop(m);
+
+    // WebDataset: a directory of shards.
+    let shards = dir.join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let mut expected = Vec::new();
+    for s in 0..12 {
+        let mut members = Vec::new();
+        let mut contents = Vec::new();
+        for k in 0..30 {
+            let key = s * 30 + k;
+            contents.push((
+                format!("{key:06}.jpg"),
+                format!("jpeg {key} {}", "x".repeat(key % 500)),
+            ));
+            contents.push((format!("{key:06}.cls"), format!("{}", key % 10)));
+        }
+        // The same name in two shards: the later shard (by file name) wins.
+        contents.push(("dup.txt".to_string(), format!("shard {s}")));
+        for (n, c) in &contents {
+            members.push((n.as_str(), Some(c.as_str())));
+        }
+        python_tar(&shards.join(format!("shard-{s:04}.tar")), &members);
+        expected.extend(contents);
+    }
+    let m = Mount::new(&shards, &dir.join("wds"), &[]);
+    let names = std::fs::read_dir(&m.path).unwrap().count();
+    assert_eq!(names, 12 * 60 + 1);
+    for (n, c) in expected.iter().filter(|(n, _)| n != "dup.txt").step_by(7) {
+        assert_eq!(std::fs::read_to_string(m.path.join(n)).unwrap(), *c, "{n}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("dup.txt")).unwrap(),
+        "shard 11"
+    );
+    assert!(std::fs::metadata(m.path.join("nonexistent.jpg")).is_err());
+}

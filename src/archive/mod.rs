@@ -2,12 +2,14 @@
 //! commands and the tests all go through it, so a format is tested once, without a mount.
 
 mod source;
+mod union;
 
 use std::ops::{Deref, Range};
 use std::path::Path;
 use std::sync::Arc;
 
 pub use source::Source;
+pub use union::Union;
 
 use crate::cache::CacheConfig;
 use crate::error::{Error, Result};
@@ -137,10 +139,14 @@ pub fn open_with(
             implied_gid: unsafe_gid(),
             implied_mtime: source.mtime(),
         };
+        let chunks = match &options.tar_chunks {
+            Some(shared) => shared.clone(),
+            None => (crate::tar::chunk_cache(cache.total_bytes), 0),
+        };
         return Ok(crate::tar::open(
             source,
             opts,
-            cache,
+            chunks,
             options.index.as_deref(),
         )?);
     }
@@ -159,6 +165,8 @@ pub struct OpenOptions {
     pub recursive: bool,
     /// Where a tar archive's index is kept (default: beside it, or the cache dir).
     pub index: Option<std::path::PathBuf>,
+    /// A chunk cache shared by the tar archives of a union, and this one's key space.
+    pub tar_chunks: Option<crate::tar::SharedChunks>,
 }
 
 fn compressed(magic: &[u8; 4]) -> Option<&'static str> {
@@ -211,4 +219,56 @@ pub fn resolve(archive: &dyn Archive, path: &Path) -> Result<Attr> {
         }
     }
     Ok(attr)
+}
+
+/// Opens one archive, or the union of several (directories stand for the archives in
+/// them, in name order): for names in more than one, the archive given last wins, and
+/// directories merge.
+pub fn open_many(
+    paths: &[std::path::PathBuf],
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Archive>> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut inside: Vec<_> = std::fs::read_dir(p)
+                .map_err(|e| Error::io(format!("cannot list {}", p.display()), e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && !p.to_string_lossy().ends_with(".archfs-index"))
+                .collect();
+            inside.sort();
+            if inside.is_empty() {
+                return Err(Error::Unsupported(format!(
+                    "{} holds no archives",
+                    p.display()
+                )));
+            }
+            files.extend(inside);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    if files.len() == 1 {
+        return open_with(&files[0], cache, options);
+    }
+    // One budget for the whole union: tar members share one chunk cache (half of it),
+    // SquashFS members split the other half.
+    let tar_chunks = crate::tar::chunk_cache(cache.total_bytes / 2);
+    let sqfs_part = CacheConfig {
+        total_bytes: (cache.total_bytes / 2 / files.len() as u64).max(1 << 20),
+    };
+    let members = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let per_member = OpenOptions {
+                index: None,
+                tar_chunks: Some((tar_chunks.clone(), i as u64)),
+                ..options.clone()
+            };
+            open_with(f, &sqfs_part, &per_member)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(Union::new(members)?))
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use index::{kind_of, Index, Node, SPARSE};
 
 use crate::archive::{Archive, Attr, Data, DirEntry, Kind, Source, Stats, ROOT_INO};
-use crate::cache::{BlockCache, CacheConfig};
+use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 
 pub use index::BuildOptions;
@@ -31,7 +31,20 @@ const DIRECT: u64 = 64 << 10;
 pub struct TarArchive {
     source: Source,
     index: Index,
-    chunks: BlockCache<Vec<u8>>,
+    /// Possibly shared with the other archives of a union, keyed apart by `namespace`.
+    chunks: Arc<BlockCache<Vec<u8>>>,
+    namespace: u64,
+}
+
+/// A chunk cache and the key space of one archive in it.
+pub type SharedChunks = (Arc<BlockCache<Vec<u8>>>, u64);
+
+/// Archive offsets stay below 2^48 (256 TiB); the namespace goes above.
+const NAMESPACE_SHIFT: u32 = 48;
+
+/// A chunk cache for tar archives with the given budget.
+pub fn chunk_cache(bytes: u64) -> Arc<BlockCache<Vec<u8>>> {
+    Arc::new(BlockCache::new("tar chunk", bytes as usize))
 }
 
 impl TarArchive {
@@ -39,7 +52,7 @@ impl TarArchive {
     pub fn build(
         source: Source,
         opts: BuildOptions,
-        cache: &CacheConfig,
+        chunks: SharedChunks,
         progress: &mut dyn FnMut(u64),
     ) -> Result<TarArchive> {
         let len = source.len();
@@ -49,14 +62,15 @@ impl TarArchive {
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        Ok(TarArchive::from_index(source, index, cache))
+        Ok(TarArchive::from_index(source, index, chunks))
     }
 
-    pub fn from_index(source: Source, index: Index, cache: &CacheConfig) -> TarArchive {
+    pub fn from_index(source: Source, index: Index, chunks: SharedChunks) -> TarArchive {
         TarArchive {
             source,
             index,
-            chunks: BlockCache::new("tar chunk", cache.total_bytes as usize),
+            chunks: chunks.0,
+            namespace: chunks.1 << NAMESPACE_SHIFT,
         }
     }
 
@@ -104,7 +118,7 @@ impl TarArchive {
         let first = pos / CHUNK;
         let last = (pos + len - 1) / CHUNK;
         let chunk = |i: u64| {
-            self.chunks.get_or_load(i * CHUNK, || {
+            self.chunks.get_or_load(self.namespace | (i * CHUNK), || {
                 let start = i * CHUNK;
                 let n = CHUNK.min(self.source.len().saturating_sub(start));
                 self.source.read_vec(start, n as usize)
@@ -253,9 +267,14 @@ impl Archive for TarArchive {
 pub fn open(
     source: Source,
     opts: BuildOptions,
-    cache: &CacheConfig,
+    chunks: SharedChunks,
     index_path: Option<&Path>,
 ) -> Result<Arc<TarArchive>> {
+    if source.len() >> NAMESPACE_SHIFT != 0 {
+        return Err(Error::Unsupported(
+            "tar archives over 256 TiB are not supported".into(),
+        ));
+    }
     debug_assert_eq!(ROOT_INO, 1);
     let id = persist::Identity::of(&source, opts.recursive)?;
     let path = index_path
@@ -264,7 +283,7 @@ pub fn open(
     match persist::load(&path, &id) {
         Ok(index) => {
             tracing::info!("using the saved index {}", path.display());
-            return Ok(Arc::new(TarArchive::from_index(source, index, cache)));
+            return Ok(Arc::new(TarArchive::from_index(source, index, chunks)));
         }
         Err(persist::Rejected::Missing) => {}
         Err(why) => tracing::warn!(
@@ -298,7 +317,7 @@ pub fn open(
             b.set_position(pos);
         }
     };
-    let archive = TarArchive::build(source, opts, cache, &mut progress)?;
+    let archive = TarArchive::build(source, opts, chunks, &mut progress)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
