@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::tree::{compare_trees, make_awkward_tree, CompareOpts, TreeSpec};
+use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
 use common::*;
 
 fn awkward(dir: &TempDir, spec: TreeSpec) -> std::path::PathBuf {
@@ -48,13 +48,7 @@ impl Drop for KernelMount {
 }
 
 fn assert_same(expected: &Path, actual: &Path, opts: &CompareOpts, what: &str) {
-    let diffs = compare_trees(expected, actual, opts);
-    assert!(
-        diffs.is_empty(),
-        "{what}: {} differences:\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
+    common::suite::check_mount(expected, actual, opts, what);
 }
 
 /// Mounts `img` with archfs and compares it with `src` (when given) and with the

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::tree::{compare_trees, make_awkward_tree, CompareOpts, TreeSpec};
+use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
 use common::*;
 
 fn awkward(dir: &TempDir, spec: TreeSpec) -> PathBuf {
@@ -54,14 +54,9 @@ fn extract(tar: &Path, into: &Path) {
     }
 }
 
+/// The conformance suite shared with SquashFS (tests/common/suite.rs).
 fn assert_same(expected: &Path, actual: &Path, opts: &CompareOpts, what: &str) {
-    let diffs = compare_trees(expected, actual, opts);
-    assert!(
-        diffs.is_empty(),
-        "{what}: {} differences:\n{}",
-        diffs.len(),
-        diffs.join("\n")
-    );
+    common::suite::check_mount(expected, actual, opts, what);
 }
 
 fn check_against_extraction(dir: &TempDir, tar: &Path, what: &str, opts: &CompareOpts) {

@@ -2,6 +2,7 @@
 //! the real tools, and mounts that are always cleaned up.
 #![allow(dead_code)]
 
+pub mod suite;
 pub mod tree;
 
 use std::ffi::OsStr;
