@@ -142,6 +142,36 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
     assert!(err.contains("a directory you own"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
+    // A tar beside which the user cannot write: its index goes to the user's cache.
+    let tar = dir.join("data.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("hello.txt"),
+    );
+    let cache = home.join("cache");
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "--"])
+        .arg(bin)
+        .arg("run")
+        .arg(&tar)
+        .arg(&mnt)
+        .args(["--", "cat"])
+        .arg(mnt.join("hello.txt"))
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(out.stdout, b"hello from a user mount\n");
+    assert!(!dir.join("data.tar.archfs-index").exists());
+    let saved: Vec<_> = std::fs::read_dir(cache.join("archfs")).unwrap().collect();
+    assert_eq!(saved.len(), 1, "index saved in $XDG_CACHE_HOME/archfs");
+
     // `archfs run` as the user.
     let script = format!("cat {}/hello.txt", mnt.display());
     let out = as_user(

@@ -549,3 +549,39 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     );
     assert!(std::fs::metadata(m.path.join("nonexistent.jpg")).is_err());
 }
+
+#[test]
+fn a_pax_member_over_8_gib() {
+    let dir = TempDir::new("tar-huge");
+    let tar = dir.join("huge.tar");
+    // Header from Python's tarfile (PAX carries the size), then a hole standing for
+    // 9 GiB of zeros, the member's last bytes, and the end blocks: a sparse archive.
+    let script = format!(
+        r#"
+import tarfile
+size = 9 * 2**30 + 100
+i = tarfile.TarInfo("big/huge.bin"); i.size = size; i.mtime = 1700000000
+hdr = i.tobuf(format=tarfile.PAX_FORMAT)
+with open({path:?}, "wb") as f:
+    f.write(hdr)
+    f.seek(len(hdr) + size - 5)
+    f.write(b"TAIL!")
+    f.seek(len(hdr) + (size + 511) // 512 * 512)
+    f.write(b"\0" * 1024)
+"#,
+        path = tar.to_str().unwrap()
+    );
+    run_ok(Command::new("python3").arg("-c").arg(script));
+    let m = Mount::new(&tar, &dir.join("mnt"), &[]);
+    let f = m.path.join("big/huge.bin");
+    let size = 9u64 * (1 << 30) + 100;
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), size);
+    use std::io::{Read, Seek, SeekFrom};
+    let mut h = std::fs::File::open(&f).unwrap();
+    h.seek(SeekFrom::Start(size - 4096)).unwrap();
+    let mut tail = Vec::new();
+    h.read_to_end(&mut tail).unwrap();
+    assert_eq!(tail.len(), 4096);
+    assert!(tail[..4091].iter().all(|&b| b == 0));
+    assert_eq!(&tail[4091..], b"TAIL!");
+}
