@@ -172,6 +172,14 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
     let saved: Vec<_> = std::fs::read_dir(cache.join("archfs")).unwrap().collect();
     assert_eq!(saved.len(), 1, "index saved in $XDG_CACHE_HOME/archfs");
 
+    // allow_other (root's mount here): another user can read only with it.
+    let rootmnt = dir.join("rootmnt");
+    for (opts, readable) in [(&["-o", "allow_other"][..], true), (&[][..], false)] {
+        let m = Mount::new(&img, &rootmnt, opts);
+        let out = as_user(uid, gid, &["cat".as_ref(), m.path.join("hello.txt").as_os_str()]);
+        assert_eq!(out.status.success(), readable, "{opts:?}: {}", stderr_of(&out));
+    }
+
     // `archfs run` as the user.
     let script = format!("cat {}/hello.txt", mnt.display());
     let out = as_user(
