@@ -190,21 +190,16 @@ pub fn mount(
                 .into(),
         );
     }
-    let prepared = mountpoint::prepare(path)?;
-    let mut watchdog = Watchdog::spawn(&prepared.path, prepared.created)
-        .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
-
-    let mut options = vec![
+    let mut config = Config::default();
+    config.mount_options = vec![
         MountOption::RO,
         MountOption::NoSuid,
         MountOption::NoDev,
+        MountOption::NoAtime,
         MountOption::DefaultPermissions,
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("archfs".into()),
     ];
-    options.push(MountOption::NoAtime);
-    let mut config = Config::default();
-    config.mount_options = options;
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
     config.acl = if cfg.allow_other {
@@ -213,15 +208,27 @@ pub fn mount(
         SessionACL::Owner
     };
 
-    let fs = ArchFs::new(Vfs::new(archive));
-    let session = match Session::new(fs, &prepared.path, &config) {
-        Ok(s) => s,
-        Err(e) => {
-            watchdog.disarm();
-            if prepared.created {
-                let _ = std::fs::remove_dir(&prepared.path);
+    // A second try covers the mount point vanishing between the checks and mount(2):
+    // the server of a previous mount removing the directory it had created.
+    let mut attempt = 0;
+    let (session, prepared, mut watchdog) = loop {
+        let prepared = mountpoint::prepare(path)?;
+        let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
+            .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
+        let fs = ArchFs::new(Vfs::new(archive.clone()));
+        match Session::new(fs, &prepared.path, &config) {
+            Ok(s) => break (s, prepared, watchdog),
+            Err(e) => {
+                watchdog.disarm();
+                if prepared.created {
+                    let _ = std::fs::remove_dir(&prepared.path);
+                }
+                attempt += 1;
+                if attempt < 2 && e.kind() == std::io::ErrorKind::NotFound {
+                    continue;
+                }
+                return Err(explain_mount_error(&prepared.path, cfg, e));
             }
-            return Err(explain_mount_error(&prepared.path, cfg, e));
         }
     };
     watchdog.arm();

@@ -176,8 +176,17 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
     let rootmnt = dir.join("rootmnt");
     for (opts, readable) in [(&["-o", "allow_other"][..], true), (&[][..], false)] {
         let m = Mount::new(&img, &rootmnt, opts);
-        let out = as_user(uid, gid, &["cat".as_ref(), m.path.join("hello.txt").as_os_str()]);
-        assert_eq!(out.status.success(), readable, "{opts:?}: {}", stderr_of(&out));
+        let out = as_user(
+            uid,
+            gid,
+            &["cat".as_ref(), m.path.join("hello.txt").as_os_str()],
+        );
+        assert_eq!(
+            out.status.success(),
+            readable,
+            "{opts:?}: {}",
+            stderr_of(&out)
+        );
     }
 
     // `archfs run` as the user.

@@ -34,7 +34,15 @@ struct Counts {
     meta: AtomicU64,
 }
 
-fn worker(src: &Path, mnt: &Path, files: &[PathBuf], dirs: &[PathBuf], seed: u64, until: Instant, c: &Counts) {
+fn worker(
+    src: &Path,
+    mnt: &Path,
+    files: &[PathBuf],
+    dirs: &[PathBuf],
+    seed: u64,
+    until: Instant,
+    c: &Counts,
+) {
     let mut rng = Rng(seed | 1);
     while Instant::now() < until {
         let rel = &files[rng.below(files.len() as u64) as usize];
@@ -49,9 +57,11 @@ fn worker(src: &Path, mnt: &Path, files: &[PathBuf], dirs: &[PathBuf], seed: u64
                 let mut fa = std::fs::File::open(src.join(rel)).unwrap();
                 fa.seek(SeekFrom::Start(off)).unwrap();
                 fa.read_exact(&mut a).unwrap();
-                let mut fb = std::fs::File::open(mnt.join(rel)).unwrap_or_else(|e| panic!("open {rel:?}: {e}"));
+                let mut fb = std::fs::File::open(mnt.join(rel))
+                    .unwrap_or_else(|e| panic!("open {rel:?}: {e}"));
                 fb.seek(SeekFrom::Start(off)).unwrap();
-                fb.read_exact(&mut b).unwrap_or_else(|e| panic!("read {rel:?}@{off}+{len}: {e}"));
+                fb.read_exact(&mut b)
+                    .unwrap_or_else(|e| panic!("read {rel:?}@{off}+{len}: {e}"));
                 assert!(a == b, "wrong bytes in {rel:?} at {off}+{len}");
                 c.reads.fetch_add(1, Ordering::Relaxed);
                 c.bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -74,10 +84,13 @@ fn worker(src: &Path, mnt: &Path, files: &[PathBuf], dirs: &[PathBuf], seed: u64
                 let m = std::fs::metadata(mnt.join(rel)).unwrap();
                 assert_eq!(m.len(), want_len, "size of {rel:?}");
                 let _ = std::fs::metadata(mnt.join(rel).with_extension("absent"));
-                let c_path = std::ffi::CString::new(mnt.join(rel).into_os_string().into_encoded_bytes()).unwrap();
+                let c_path =
+                    std::ffi::CString::new(mnt.join(rel).into_os_string().into_encoded_bytes())
+                        .unwrap();
                 let mut buf = [0u8; 4096];
                 // SAFETY: valid path and buffer.
-                let n = unsafe { libc::listxattr(c_path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+                let n =
+                    unsafe { libc::listxattr(c_path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
                 assert!(n >= 0, "listxattr {rel:?}");
                 c.meta.fetch_add(3, Ordering::Relaxed);
             }
@@ -202,6 +215,12 @@ fn stress_tar() {
     let src = tree(&dir);
     std::fs::remove_file(src.join("special/socket")).unwrap(); // tar cannot store sockets
     let tar = dir.join("t.tar");
-    let _ = Command::new("tar").args(["--format=posix", "-cf"]).arg(&tar).arg("-C").arg(&src).arg(".").output();
+    let _ = Command::new("tar")
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg(".")
+        .output();
     stress(&tar, &src, &dir.join("mnt"), "tar");
 }

@@ -1,0 +1,271 @@
+//! Faults: the archive changes under a live mount, the server dies under load, the
+//! command under `archfs run` is OOM-killed, and hundreds of mount cycles leak nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use archfs::archive;
+use archfs::cache::CacheConfig;
+use archfs::session::{self, MountConfig};
+use common::*;
+
+fn dataset(dir: &TempDir, n: usize) -> PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..n {
+        // Text compresses, so blocks are really compressed.
+        let body: String = (0..(2000 + i * 97 % 40_000))
+            .map(|k| char::from(b'a' + ((k * 7 + i) % 26) as u8))
+            .collect();
+        std::fs::write(src.join(format!("f{i:04}.txt")), body).unwrap();
+    }
+    src
+}
+
+#[test]
+fn truncated_or_removed_archive_under_a_live_mount() {
+    let dir = TempDir::new("fault-trunc");
+    let src = dataset(&dir, 300);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &["-no-fragments"]);
+    let m = Mount::new(&img, &dir.join("mnt"), &[]);
+    assert_eq!(
+        std::fs::read(m.path.join("f0000.txt")).unwrap(),
+        std::fs::read(src.join("f0000.txt")).unwrap()
+    );
+    // Truncate the image to its first quarter: later files' blocks are gone.
+    let len = std::fs::metadata(&img).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(len / 4)
+        .unwrap();
+    let mut eio = 0;
+    for i in (200..300).rev() {
+        match std::fs::read(m.path.join(format!("f{i:04}.txt"))) {
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+                eio += 1;
+            }
+            Ok(data) => assert_eq!(
+                data,
+                std::fs::read(src.join(format!("f{i:04}.txt"))).unwrap()
+            ),
+        }
+    }
+    assert!(eio > 50, "reads of lost data fail with EIO ({eio})");
+    // The server is up: the root still answers and the first file still reads.
+    assert!(std::fs::metadata(&m.path).unwrap().is_dir());
+    assert!(std::fs::read(m.path.join("f0000.txt")).is_ok());
+    drop(m);
+    assert!(!is_mounted(&dir.join("mnt")));
+
+    // Removed: the open descriptor keeps the data, so reads go on working.
+    let tar = dir.join("t.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("."),
+    );
+    let m = Mount::new(&tar, &dir.join("mnt2"), &[]);
+    std::fs::remove_file(&tar).unwrap();
+    for i in (0..300).step_by(13) {
+        let f = format!("f{i:04}.txt");
+        assert_eq!(
+            std::fs::read(m.path.join(&f)).unwrap(),
+            std::fs::read(src.join(&f)).unwrap()
+        );
+    }
+    drop(m);
+    assert!(!is_mounted(&dir.join("mnt2")));
+}
+
+#[test]
+fn sigkill_under_load_gives_errors_not_hangs() {
+    let dir = TempDir::new("fault-kill");
+    let src = dataset(&dir, 400);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let mnt = dir.join("mnt");
+    let _m = Mount::new(&img, &mnt, &["--cache-size", "1M"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let (done_tx, done_rx) = channel();
+    for t in 0..6 {
+        let (mnt, stop, errors, done) =
+            (mnt.clone(), stop.clone(), errors.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let mut i = t;
+            while !stop.load(Ordering::Relaxed) {
+                if std::fs::read(mnt.join(format!("f{:04}.txt", i % 400))).is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 7;
+            }
+            let _ = done.send(());
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pids = pids_of_mount(&mnt);
+    assert_eq!(pids.len(), 1);
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for _ in 0..6 {
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a reader hung after the server died");
+    }
+    assert!(
+        wait_for(10, || !is_mounted(&mnt)),
+        "stale mount after SIGKILL under load"
+    );
+    // The next mount on the same point works.
+    let m = Mount::new(&img, &mnt, &[]);
+    assert_eq!(
+        std::fs::read(m.path.join("f0001.txt")).unwrap(),
+        std::fs::read(src.join("f0001.txt")).unwrap()
+    );
+}
+
+/// A memory cgroup (v1 or v2) limited to `bytes`, removed on drop.
+struct MemCgroup(PathBuf);
+
+impl MemCgroup {
+    fn new(bytes: u64) -> MemCgroup {
+        let name = format!("archfs-oom-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let (dir, limit_file) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(&name), "memory.limit_in_bytes")
+        } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
+            .is_ok_and(|c| c.contains("memory"))
+        {
+            (v2.join(&name), "memory.max")
+        } else {
+            panic!("no memory cgroup controller on this machine: cannot provoke the OOM killer");
+        };
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join(limit_file), bytes.to_string()).unwrap();
+        let _ = std::fs::write(dir.join("memory.swappiness"), "0");
+        MemCgroup(dir)
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn oom_killed_command_under_run_unmounts() {
+    let dir = TempDir::new("fault-oom");
+    let src = dataset(&dir, 5);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let cg = MemCgroup::new(64 << 20);
+    let mnt = dir.join("mnt");
+    // The command joins the cgroup, then allocates until the OOM killer ends it.
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec python3 -c 'x = [bytearray(1 << 20) for _ in range(100000)]'",
+        cg.0.display()
+    );
+    let out = archfs()
+        .arg("run")
+        .arg(&img)
+        .arg(&mnt)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGKILL),
+        "OOM-killed: {}",
+        stderr_of(&out)
+    );
+    assert!(!is_mounted(&mnt));
+    assert!(!mnt.exists());
+}
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).unwrap().count()
+}
+
+#[test]
+fn two_hundred_mount_cycles_leak_nothing() {
+    let dir = TempDir::new("fault-cycles");
+    let src = dataset(&dir, 20);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let mnt = dir.join("mnt");
+    let want = std::fs::read(src.join("f0003.txt")).unwrap();
+
+    // In this process, through the library: threads and descriptors come back to where
+    // they started.
+    let cfg = MountConfig {
+        threads: 4,
+        allow_other: false,
+        fsname: "cycles".into(),
+    };
+    let mut baseline = None;
+    for cycle in 0..200 {
+        let a = archive::open(
+            &img,
+            &CacheConfig {
+                total_bytes: 8 << 20,
+            },
+        )
+        .unwrap();
+        let (tx, rx) = channel();
+        let m = session::mount(a, &mnt, &cfg, tx).unwrap();
+        assert_eq!(std::fs::read(mnt.join("f0003.txt")).unwrap(), want);
+        m.unmount().unwrap();
+        // The session thread reports its end once the kernel lets go.
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("session did not end");
+        assert!(!is_mounted(&mnt));
+        if cycle == 9 {
+            std::thread::sleep(Duration::from_millis(200));
+            baseline = Some((count("/proc/self/task"), count("/proc/self/fd")));
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    let (threads, fds) = baseline.unwrap();
+    while Instant::now() < end && count("/proc/self/task") > threads {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        count("/proc/self/task") <= threads,
+        "threads leaked: {} > {threads}",
+        count("/proc/self/task")
+    );
+    assert!(
+        count("/proc/self/fd") <= fds,
+        "descriptors leaked: {} > {fds}",
+        count("/proc/self/fd")
+    );
+
+    // Through the CLI: no servers or watchdogs are left behind.
+    for _ in 0..50 {
+        run_ok(archfs().arg("mount").arg(&img).arg(&mnt));
+        assert_eq!(std::fs::read(mnt.join("f0003.txt")).unwrap(), want);
+        run_ok(archfs().arg("unmount").arg(&mnt));
+    }
+    assert!(
+        wait_for(10, || pids_of_mount(&mnt).is_empty()),
+        "servers left running"
+    );
+    assert!(!is_mounted(&mnt));
+}
