@@ -121,8 +121,7 @@ fn stress(archive: &Path, src: &Path, mnt: &Path, what: &str) {
     let secs = 8;
     let until = Instant::now() + Duration::from_secs(secs);
     // Reader processes: Python, reading random whole files and comparing.
-    let script = format!(
-        r#"
+    let script = r#"
 import os, random, sys, time
 src, mnt, seed, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 files = [l.rstrip("\n") for l in open(sys.argv[5], encoding="utf-8", errors="surrogateescape")]
@@ -133,8 +132,7 @@ while time.time() < end:
     if a != b: print("DIFF", f); sys.exit(1)
     n += 1
 print(n)
-"#
-    );
+"#;
     let list = mnt.with_extension("list");
     let text: Vec<u8> = files
         .iter()
@@ -151,7 +149,7 @@ print(n)
         .map(|p| {
             Command::new("python3")
                 .arg("-c")
-                .arg(&script)
+                .arg(script)
                 .arg(src)
                 .arg(mnt)
                 .arg(p.to_string())
