@@ -60,6 +60,8 @@ enum Cmd {
     },
     /// Write a file from the archive to standard output without mounting it.
     Cat { archive: PathBuf, path: PathBuf },
+    /// Read every directory, inode, file, symlink and xattr; report damage (exit 1 if any).
+    Check { archive: PathBuf },
     #[command(name = "__watchdog", hide = true)]
     Watchdog {
         path: PathBuf,
@@ -239,6 +241,22 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 off += data.len() as u64;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check { archive } => {
+            let a = archive::open(&archive, &CacheConfig::default())?;
+            let r = archive::check::check(&*a, archive::check::Limits::ALL);
+            for line in &r.damaged {
+                println!("damaged: {line}");
+            }
+            println!(
+                "{} directories, {} files ({} bytes read), {} symlinks, {} other; {} damaged",
+                r.dirs, r.files, r.bytes, r.symlinks, r.others, r.damage_count
+            );
+            Ok(if r.damage_count == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Cmd::Watchdog { path, remove_dir } => Ok(ExitCode::from(session::watchdog_main(
             &path, remove_dir,

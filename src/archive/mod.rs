@@ -1,6 +1,7 @@
 //! The interface every archive format implements. The FUSE adapter, the CLI's inspection
 //! commands and the tests all go through it, so a format is tested once, without a mount.
 
+pub mod check;
 mod source;
 mod union;
 

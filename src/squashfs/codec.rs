@@ -66,8 +66,7 @@ impl Codec {
                     .map_err(|e| bad(self, e.to_string()))?;
                 out
             }
-            Codec::Lzo => lzokay_native::decompress_all(src, Some(limit))
-                .map_err(|e| bad(self, format!("{e:?}")))?,
+            Codec::Lzo => super::lzo::decompress(src, limit).map_err(|e| bad(self, e.into()))?,
         };
         if out.len() > limit {
             return Err(bad(self, format!("expands past {limit} bytes")));

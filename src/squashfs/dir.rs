@@ -18,7 +18,7 @@ pub struct RawEntry {
 }
 
 /// SquashFS allows at most 256 entries under one header and 256-byte names.
-const MAX_HEADER_COUNT: u32 = 256;
+const MAX_HEADER_COUNT: u64 = 256;
 const MAX_NAME: usize = 256;
 
 fn kind_of(typ: u16) -> Result<Kind> {
@@ -49,7 +49,7 @@ fn walk(
         if remaining < 12 {
             return Err(Error::corrupt("directory listing ends inside a header"));
         }
-        let count = c.u32()? + 1;
+        let count = u64::from(c.u32()?) + 1;
         let start = c.u32()?;
         let _inode_base = c.u32()?;
         remaining -= 12;

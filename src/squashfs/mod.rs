@@ -7,6 +7,7 @@ mod codec;
 mod dir;
 mod file;
 mod inode;
+mod lzo;
 mod metadata;
 mod superblock;
 mod table;

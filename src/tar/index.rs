@@ -281,8 +281,8 @@ impl<'a> Builder<'a> {
                     break; // no end-of-archive blocks: accepted, like GNU tar
                 }
                 return Err(Error::corrupt(format!(
-                    "tar archive is truncated: {} bytes at offset {pos} do not make a header",
-                    end - pos
+                    "tar archive is truncated: it ends at offset {end}, before the header \
+                     expected at {pos}"
                 )));
             }
             let raw = reader.block(pos)?;
@@ -375,20 +375,19 @@ impl<'a> Builder<'a> {
             let stored = m.size;
             let has_data = matches!(typeflag, b'0' | 0 | b'7' | b'S' | b'D')
                 || !matches!(typeflag, b'1'..=b'6');
-            let next = if has_data {
-                data_pos
-                    .checked_add(stored.div_ceil(BLOCK) * BLOCK)
-                    .ok_or_else(|| Error::corrupt("tar member size overflows"))?
-            } else {
-                data_pos
-            };
-            if has_data && data_pos + stored > end {
+            if has_data && stored > end.saturating_sub(data_pos) {
                 return Err(Error::corrupt(format!(
                     "tar archive is truncated: member {:?} needs {stored} bytes at offset \
                      {data_pos}, the archive ends at {end}",
                     String::from_utf8_lossy(&m.path)
                 )));
             }
+            // Below `end`, which is below 2^48: no overflow.
+            let next = if has_data {
+                data_pos + stored.div_ceil(BLOCK) * BLOCK
+            } else {
+                data_pos
+            };
             self.add_member(m, data_pos, stored, prefix, depth)?;
             pos = next;
         }

@@ -1,0 +1,10 @@
+//! Index arbitrary bytes as a tar archive (nested tars shown as directories) and walk all
+//! of it. Any panic, abort, hang or huge allocation is a bug.
+#![no_main]
+
+use archfs::archive::check;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = check::check_bytes(data, check::Format::Tar, check::FUZZ_LIMITS);
+});
