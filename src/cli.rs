@@ -245,13 +245,15 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Cmd::Check { archive } => {
             let a = archive::open(&archive, &CacheConfig::default())?;
             let r = archive::check::check(&*a, archive::check::Limits::ALL);
+            let mut out = std::io::stdout().lock();
             for line in &r.damaged {
-                println!("damaged: {line}");
+                writeln!(out, "damaged: {line}")?;
             }
-            println!(
+            writeln!(
+                out,
                 "{} directories, {} files ({} bytes read), {} symlinks, {} other; {} damaged",
                 r.dirs, r.files, r.bytes, r.symlinks, r.others, r.damage_count
-            );
+            )?;
             Ok(if r.damage_count == 0 {
                 ExitCode::SUCCESS
             } else {

@@ -45,6 +45,14 @@ impl Error {
         }
     }
 
+    /// Says where a corruption was found (`data block at 4096: ...`); other errors pass.
+    pub fn at(self, place: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Corrupt(m) => Error::Corrupt(format!("{place}: {m}")),
+            e => e,
+        }
+    }
+
     pub fn corrupt(msg: impl Into<String>) -> Self {
         Error::Corrupt(msg.into())
     }

@@ -118,7 +118,7 @@ impl SquashFs {
         self.sb
             .codec
             .decompress(&raw, self.sb.block_size as usize)
-            .map_err(|e| Error::corrupt(format!("data block at {pos}: {e}")))
+            .map_err(|e| e.at(format_args!("data block at {pos}")))
     }
 
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {

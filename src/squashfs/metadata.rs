@@ -39,7 +39,7 @@ impl SquashFs {
                 self.sb
                     .codec
                     .decompress(&raw, BLOCK_SIZE)
-                    .map_err(|e| Error::corrupt(format!("metadata block at {pos}: {e}")))?
+                    .map_err(|e| e.at(format_args!("metadata block at {pos}")))?
             };
             if data.is_empty() || data.len() > BLOCK_SIZE {
                 return Err(Error::corrupt(format!(
