@@ -6,7 +6,8 @@ mod common;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use archfs::archive::{self, Archive, Kind, ROOT_INO};
+use archfs::archive;
+use archfs::archive::check::{check, FUZZ_LIMITS};
 use archfs::cache::CacheConfig;
 use common::*;
 
@@ -80,33 +81,6 @@ fn a_corrupt_data_block_fails_only_its_reads() {
     drop(img);
 }
 
-/// Walks everything reachable, tolerating errors, bounded in depth and count.
-fn walk(a: &dyn Archive, ino: u64, depth: u32, budget: &mut u32) {
-    if depth > 16 || *budget == 0 {
-        return;
-    }
-    let Ok(entries) = a.read_dir(ino) else { return };
-    for e in entries {
-        *budget = budget.saturating_sub(1);
-        if *budget == 0 {
-            return;
-        }
-        let _ = a.lookup(ino, &e.name);
-        let _ = a.attr(e.ino);
-        let _ = a.xattrs(e.ino);
-        match e.kind {
-            Kind::Dir => walk(a, e.ino, depth + 1, budget),
-            Kind::File => {
-                let _ = a.read(e.ino, 0, 1 << 20);
-            }
-            Kind::Symlink => {
-                let _ = a.readlink(e.ino);
-            }
-            _ => {}
-        }
-    }
-}
-
 #[test]
 fn flipped_bytes_anywhere_never_panic_or_hang() {
     let dir = TempDir::new("corrupt-any");
@@ -159,8 +133,7 @@ fn flipped_bytes_anywhere_never_panic_or_hang() {
             },
         ) {
             opened += 1;
-            let mut budget = 20_000;
-            walk(&*a, ROOT_INO, 0, &mut budget);
+            check(&*a, FUZZ_LIMITS);
         }
     }
     assert!(

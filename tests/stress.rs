@@ -181,7 +181,22 @@ print(n)
         counts.meta.load(Ordering::Relaxed)
     );
     assert!(counts.reads.load(Ordering::Relaxed) > 100);
+    // Memory stays within the cache budget plus the stated fixed overhead
+    // (docs/RELIABILITY.md), however much data went through.
+    let hwm = server_peak_rss(mnt);
+    eprintln!(
+        "{what}: server peak RSS {} KiB with a 2 MiB cache",
+        hwm >> 10
+    );
+    assert!(
+        hwm < (2 << 20) + SERVER_OVERHEAD,
+        "server peak RSS {hwm} bytes exceeds the 2 MiB cache plus {SERVER_OVERHEAD}"
+    );
 }
+
+/// Memory a server needs besides its block cache: code, FUSE request buffers of its
+/// threads, allocator slack (the tree here has a few thousand entries).
+const SERVER_OVERHEAD: u64 = 48 << 20;
 
 fn tree(dir: &TempDir) -> PathBuf {
     let src = dir.join("src");

@@ -176,3 +176,16 @@ pub fn stderr_of(out: &Output) -> String {
 pub fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
+
+/// Peak resident memory (VmHWM) of the server serving `mnt`, in bytes.
+pub fn server_peak_rss(mnt: &Path) -> u64 {
+    let pids = pids_of_mount(mnt);
+    assert_eq!(pids.len(), 1, "one server for {mnt:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pids[0])).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib << 10
+}
