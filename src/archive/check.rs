@@ -141,14 +141,22 @@ pub fn check(archive: &dyn Archive, limits: Limits) -> Report {
     r
 }
 
-/// Stat and xattrs of one inode.
-fn check_inode(archive: &dyn Archive, ino: u64, path: &[u8], limits: &Limits, r: &mut Report) {
-    if let Err(e) = archive.attr(ino) {
-        r.damage(limits, path, &e);
-    }
+/// Stat and xattrs of one inode; the attributes when they could be read.
+fn check_inode(
+    archive: &dyn Archive,
+    ino: u64,
+    path: &[u8],
+    limits: &Limits,
+    r: &mut Report,
+) -> Option<super::Attr> {
+    let attr = archive
+        .attr(ino)
+        .map_err(|e| r.damage(limits, path, &e))
+        .ok();
     if let Err(e) = archive.xattrs(ino) {
         r.damage(limits, path, &e);
     }
+    attr
 }
 
 /// Reads a file to its stated size; false when the byte limit ran out.
@@ -159,10 +167,8 @@ fn read_file(
     limits: &Limits,
     r: &mut Report,
 ) -> bool {
-    check_inode(archive, ino, path, limits, r);
-    let size = match archive.attr(ino) {
-        Ok(a) => a.size,
-        Err(_) => return true,
+    let Some(size) = check_inode(archive, ino, path, limits, r).map(|a| a.size) else {
+        return true;
     };
     let mut off = 0u64;
     while off < size {
