@@ -32,6 +32,15 @@ impl<'a> Input<'a> {
         }
     }
 
+    /// Length of an M3 or M4 match: the low `mask` bits of `t`, or a long length when they
+    /// are zero, plus 2.
+    fn match_length(&mut self, t: usize, mask: usize) -> Result<usize, Error> {
+        Ok(match t & mask {
+            0 => self.long_length(mask)?,
+            n => n,
+        } + 2)
+    }
+
     fn literals(&mut self, n: usize) -> Result<&'a [u8], Error> {
         let end = self.pos.checked_add(n).ok_or("literal run overflows")?;
         let s = self
@@ -104,19 +113,11 @@ pub fn decompress(src: &[u8], limit: usize) -> Result<Vec<u8>, Error> {
             dist = 1 + ((t >> 2) & 7) + (ip.byte()? << 3);
             len = (t >> 5) + 1;
         } else if t >= 32 {
-            len = if t & 31 == 0 {
-                ip.long_length(31)?
-            } else {
-                t & 31
-            } + 2;
+            len = ip.match_length(t, 31)?;
             let d = ip.le16()?;
             (dist, next) = (1 + (d >> 2), d & 3);
         } else {
-            len = if t & 7 == 0 {
-                ip.long_length(7)?
-            } else {
-                t & 7
-            } + 2;
+            len = ip.match_length(t, 7)?;
             let d = ip.le16()?;
             let far = ((t & 8) << 11) + (d >> 2);
             if far == 0 {
