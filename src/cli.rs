@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::archive::{self, Archive, Kind};
 use crate::cache::CacheConfig;
 use crate::mountpoint;
+use crate::preload;
 use crate::session::{self, Event, MountConfig};
 
 #[derive(Parser, Debug)]
@@ -113,6 +114,11 @@ struct ServeArgs {
     /// beside the archive if that directory is writable, else ~/.cache/archfs/].
     #[arg(long, value_name = "FILE")]
     index: Option<PathBuf>,
+    /// Once mounted, read the archives into the OS page cache in the background, in a few
+    /// large parallel reads, so the first epoch's shuffled reads find them in memory
+    /// (the data is left out, with a warning, when it would not fit in free memory).
+    #[arg(long)]
+    preload: bool,
 }
 
 /// Parses `512M`, `2G`, `1048576`, `64KiB`.
@@ -342,6 +348,18 @@ fn open_archive(paths: &[PathBuf], serve: &ServeArgs) -> Result<Arc<dyn Archive>
     Ok(archive::open_many(paths, &cache, &options)?)
 }
 
+/// What `--preload` will read, decided (and any warning shown) before the mount is live.
+fn preload_plan(archive: &dyn Archive, serve: &ServeArgs) -> Option<preload::Plan> {
+    if !serve.preload {
+        return None;
+    }
+    let plan = preload::Plan::new(archive.extents(), preload::available_memory());
+    if let Some(why) = &plan.skipped {
+        tracing::warn!("{why}");
+    }
+    Some(plan)
+}
+
 /// Points stderr (and so the log) at `path`, or at /dev/null.
 fn redirect_stderr(path: Option<&Path>) -> Result<(), Failure> {
     let target = match path {
@@ -456,9 +474,10 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     let setup = mount_config(archives, &args.serve).and_then(|cfg| {
         let archive = open_archive(archives, &args.serve)?;
         tracing::info!("{}: {}", archives[0].display(), archive.format());
-        Ok(session::mount(archive, mountpoint, &cfg, tx)?)
+        let plan = preload_plan(&*archive, &args.serve);
+        Ok((session::mount(archive, mountpoint, &cfg, tx)?, plan))
     });
-    let mut mount = match setup {
+    let (mut mount, plan) = match setup {
         Ok(m) => m,
         Err(Failure(msg)) if daemon => {
             // The parent prints it.
@@ -470,6 +489,9 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     ready.send("ok");
     if daemon && args.log.is_none() {
         redirect_stderr(None)?;
+    }
+    if let Some(plan) = plan {
+        plan.start();
     }
     loop {
         match rx.recv() {
@@ -499,7 +521,11 @@ fn run_command(
     let (tx, rx) = session::events();
     let cfg = mount_config(archives, serve)?;
     let archive = open_archive(archives, serve)?;
+    let plan = preload_plan(&*archive, serve);
     let mount = session::mount(archive, mountpoint, &cfg, tx.clone())?;
+    if let Some(plan) = plan {
+        plan.start();
+    }
     let child = Command::new(&command[0]).args(&command[1..]).spawn();
     let mut child = match child {
         Ok(c) => c,

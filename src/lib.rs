@@ -12,6 +12,7 @@ pub mod cli;
 pub mod error;
 pub mod fuse;
 pub mod mountpoint;
+pub mod preload;
 pub mod session;
 pub mod squashfs;
 pub mod tar;

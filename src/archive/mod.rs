@@ -6,7 +6,7 @@ mod source;
 mod union;
 
 use std::ops::{Deref, Range};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use source::Source;
@@ -65,6 +65,15 @@ pub struct Stats {
     pub name_max: u32,
 }
 
+/// A byte range of an archive file, for warming the page cache ahead of reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub path: PathBuf,
+    pub range: Range<u64>,
+    /// Directory and inode tables: worth caching even when the data is not.
+    pub metadata: bool,
+}
+
 /// Bytes returned by a read: a slice of a cached block when one block covers the request
 /// (no copy), or an owned buffer when it spans several.
 pub enum Data {
@@ -98,6 +107,8 @@ pub trait Archive: Send + Sync {
     /// Extended attributes as full names (`user.x`) and values.
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     fn stats(&self) -> Stats;
+    /// The byte ranges of the archive files that serving reads touches, metadata first.
+    fn extents(&self) -> Vec<Extent>;
 }
 
 /// Opens an archive, choosing the format by its content rather than its name.

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
-use super::{Archive, Attr, Data, DirEntry, Kind, Stats, ROOT_INO};
+use super::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
 use crate::error::{Error, Result};
 
 /// Inodes of members live above this bit, tagged with the member; merged directories
@@ -251,5 +251,9 @@ impl Archive for Union {
             s.block_size = s.block_size.max(t.block_size);
         }
         s
+    }
+
+    fn extents(&self) -> Vec<Extent> {
+        self.members.iter().flat_map(|m| m.extents()).collect()
     }
 }

@@ -22,7 +22,7 @@ pub use superblock::Superblock;
 use superblock::NO_TABLE;
 use xattr::XattrTable;
 
-use crate::archive::{Archive, Attr, Data, DirEntry, Kind, Source, Stats, ROOT_INO};
+use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
 use crate::cache::{BlockCache, CacheConfig};
 use crate::error::{Error, Result};
 
@@ -208,5 +208,24 @@ impl Archive for SquashFs {
             inodes: u64::from(self.sb.inode_count),
             name_max: 256,
         }
+    }
+
+    /// Tables follow the data in every image mksquashfs writes: the inode table starts
+    /// where data and fragment blocks end.
+    fn extents(&self) -> Vec<Extent> {
+        let path = self.source.path().to_owned();
+        let split = self.sb.inode_table.min(self.sb.bytes_used);
+        vec![
+            Extent {
+                path: path.clone(),
+                range: split..self.sb.bytes_used,
+                metadata: true,
+            },
+            Extent {
+                path,
+                range: 0..split,
+                metadata: false,
+            },
+        ]
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use index::{kind_of, Index, Node, SPARSE};
 
-use crate::archive::{Archive, Attr, Data, DirEntry, Kind, Source, Stats, ROOT_INO};
+use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 
@@ -259,6 +259,15 @@ impl Archive for TarArchive {
             inodes: self.index.nodes.len() as u64,
             name_max: 255,
         }
+    }
+
+    /// The index is in memory, so every byte of the archive is data.
+    fn extents(&self) -> Vec<Extent> {
+        vec![Extent {
+            path: self.source.path().to_owned(),
+            range: 0..self.source.len(),
+            metadata: false,
+        }]
     }
 }
 

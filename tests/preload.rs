@@ -1,0 +1,140 @@
+//! `--preload` streams the archive into the page cache after mounting, and the preloaded
+//! mount serves exactly the same tree.
+
+mod common;
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
+use common::*;
+
+/// Share of the file's pages in the page cache (mincore over a read-only mapping).
+fn resident(path: &Path) -> f64 {
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a fresh shared read-only mapping of an open file, unmapped below; mincore
+    // writes one byte per page into `vec`, which has room for every page.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {path:?}");
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0, "mincore");
+        libc::munmap(p, len);
+    }
+    vec.iter().filter(|&&b| b & 1 != 0).count() as f64 / vec.len() as f64
+}
+
+/// Writes the file back and drops its pages, as after a reboot or on another node.
+fn evict(path: &Path) {
+    let f = File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: fadvise on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+    assert!(
+        resident(path) < 0.05,
+        "{path:?} still cached after POSIX_FADV_DONTNEED: this test needs a filesystem \
+         with a page cache under /tmp"
+    );
+}
+
+/// 24 MB of incompressible files: the image is mostly data, so "resident" means the
+/// data was read, not just the tables.
+fn data_tree(dir: &TempDir) -> std::path::PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    make_awkward_tree(
+        &src,
+        &TreeSpec {
+            big_dir_entries: 300,
+            sparse_4g: false,
+            ..TreeSpec::default()
+        },
+    )
+    .unwrap();
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for i in 0..200 {
+        let d = src.join(format!("class{}", i % 8));
+        std::fs::create_dir_all(&d).unwrap();
+        let bytes: Vec<u8> = (0..120 * 1024)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(d.join(format!("img{i}.jpg")), bytes).unwrap();
+    }
+    src
+}
+
+fn check(archive: &Path, src: &Path, dir: &TempDir, name: &str) {
+    let mnt = dir.join(format!("{name}-plain"));
+    std::fs::create_dir(&mnt).unwrap();
+    // A tar's first mount reads it all to build the index it saves; later mounts load that.
+    drop(Mount::new(archive, &mnt, &[]));
+    // Without --preload, mounting reads the superblock and tables (or the saved index).
+    evict(archive);
+    let m = Mount::new(archive, &mnt, &[]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let before = resident(archive);
+    assert!(
+        before < 0.5,
+        "{name}: {before:.2} of the archive cached without --preload"
+    );
+    drop(m);
+
+    evict(archive);
+    let mnt = dir.join(format!("{name}-preload"));
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mount::new(archive, &mnt, &["--preload"]);
+    // Nothing reads through the mount until the preload is seen complete.
+    assert!(
+        wait_for(60, || resident(archive) > 0.999),
+        "{name}: with --preload only {:.3} of the archive was cached after 60 s",
+        resident(archive)
+    );
+    common::suite::check_mount(src, &m.path, &CompareOpts::default(), name);
+}
+
+#[test]
+fn preload_streams_squashfs_and_tar_into_the_page_cache() {
+    let dir = TempDir::new("preload");
+    let src = data_tree(&dir);
+    let img = dir.join("data.sqfs");
+    mksquashfs(&src, &img, &["-comp", "zstd", "-xattrs"]);
+    check(&img, &src, &dir, "squashfs");
+
+    let tar = dir.join("data.tar");
+    run_ok(
+        Command::new("tar")
+            .args(["--format=pax", "--xattrs", "--xattrs-include=*", "-cf"])
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("."),
+    );
+    let extracted = dir.join("x");
+    std::fs::create_dir(&extracted).unwrap();
+    run_ok(
+        Command::new("tar")
+            .args(["-x", "--xattrs", "--xattrs-include=*", "--same-owner"])
+            .args(["--numeric-owner", "-p", "-f"])
+            .arg(&tar)
+            .arg("-C")
+            .arg(&extracted),
+    );
+    check(&tar, &extracted, &dir, "tar");
+}
