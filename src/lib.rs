@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cli;
 pub mod error;
 pub mod fuse;
+pub mod fuse_mount;
 pub mod mountpoint;
 pub mod preload;
 pub mod session;

@@ -129,13 +129,18 @@ fn fusermount(args: &[&str], path: &Path) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    Err(io::Error::new(
+    Err(fusermount_missing(last))
+}
+
+/// The error for neither fusermount3 nor fusermount on PATH, with what to install.
+pub fn fusermount_missing(last: Option<io::Error>) -> io::Error {
+    io::Error::new(
         io::ErrorKind::NotFound,
         format!(
             "fusermount3 is not installed ({}); install the fuse3 package",
             last.map(|e| e.to_string()).unwrap_or_default()
         ),
-    ))
+    )
 }
 
 /// Detaches the mount now; the kernel finishes it once the last open file is closed.

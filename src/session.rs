@@ -8,10 +8,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, Session, SessionACL};
 
 use crate::archive::Archive;
 use crate::fuse::ArchFs;
+use crate::fuse_mount;
 use crate::mountpoint::{self, Prepared};
 use crate::vfs::Vfs;
 
@@ -191,22 +192,14 @@ pub fn mount(
         );
     }
     let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::RO,
-        MountOption::NoSuid,
-        MountOption::NoDev,
-        MountOption::NoAtime,
-        MountOption::DefaultPermissions,
-        MountOption::FSName(cfg.fsname.clone()),
-        MountOption::Subtype("archfs".into()),
-    ];
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    config.acl = if cfg.allow_other {
+    let acl = if cfg.allow_other {
         SessionACL::All
     } else {
         SessionACL::Owner
     };
+    config.acl = acl;
 
     // A second try covers the mount point vanishing between the checks and mount(2):
     // the server of a previous mount removing the directory it had created.
@@ -216,7 +209,13 @@ pub fn mount(
         let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
             .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
         let fs = ArchFs::new(Vfs::new(archive.clone()));
-        match Session::new(fs, &prepared.path, &config) {
+        let session =
+            fuse_mount::mount(&prepared.path, &cfg.fsname, cfg.allow_other).and_then(|fd| {
+                Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
+                    let _ = mountpoint::lazy_unmount(&prepared.path);
+                })
+            });
+        match session {
             Ok(s) => break (s, prepared, watchdog),
             Err(e) => {
                 watchdog.disarm();

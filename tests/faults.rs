@@ -269,3 +269,46 @@ fn two_hundred_mount_cycles_leak_nothing() {
     );
     assert!(!is_mounted(&mnt));
 }
+
+/// A server whose mount was detached while a file stayed open lives on until that file is
+/// closed; when it then ends, it must not unmount whatever is mounted on the path by now.
+#[test]
+fn a_late_ending_server_leaves_the_next_mount_alone() {
+    let dir = TempDir::new("fault-late");
+    let src = dataset(&dir, 5);
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let want = std::fs::read(src.join("f0003.txt")).unwrap();
+
+    run_ok(archfs().arg("mount").arg(&img).arg(&mnt));
+    let first = pids_of_mount(&mnt);
+    assert_eq!(first.len(), 1, "one server: {first:?}");
+    let held = std::fs::File::open(mnt.join("f0001.txt")).unwrap();
+    // Busy, so this falls back to a lazy unmount and the first server keeps serving `held`.
+    run_ok(archfs().arg("unmount").arg(&mnt));
+    assert!(!is_mounted(&mnt));
+    run_ok(archfs().arg("mount").arg(&img).arg(&mnt));
+    assert!(alive(first[0]));
+
+    drop(held);
+    assert!(
+        wait_for(10, || !alive(first[0])),
+        "the first server did not exit once its last file was closed"
+    );
+    assert!(
+        is_mounted(&mnt),
+        "the first server unmounted the second mount"
+    );
+    assert_eq!(std::fs::read(mnt.join("f0003.txt")).unwrap(), want);
+    run_ok(archfs().arg("unmount").arg(&mnt));
+}
+
+/// Running or sleeping, not exited (a zombie's parent may never reap it in a container).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}

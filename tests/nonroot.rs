@@ -90,6 +90,10 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
         line.contains(&format!("user_id={uid}")),
         "not a user mount: {line}"
     );
+    assert!(
+        line.contains(" - fuse.archfs ") && line.contains(" ro,"),
+        "type or options lost on the way through fusermount3: {line}"
+    );
     let out = as_user(
         uid,
         gid,
