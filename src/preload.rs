@@ -80,6 +80,15 @@ impl Plan {
     }
 
     fn run(self) {
+        // The readers inherit this, so the mount's FUSE threads and its readers, which
+        // share the cores, come first. It helps only a little: a cold `find` over a tar's
+        // 10,000 members while the preload ran took 0.18-0.24 s at normal priority and
+        // 0.14-0.20 s at nice 10 (0.04-0.05 s without a preload); page-cache insertion
+        // in the kernel, not scheduling, is most of that cost.
+        // SAFETY: setpriority on this thread's id has no memory preconditions.
+        unsafe {
+            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+        }
         let started = Instant::now();
         let mut files = Vec::new();
         let mut chunks = Vec::new();
