@@ -292,13 +292,15 @@ fn mode_string(kind: Kind, perm: u16) -> String {
     s
 }
 
-fn init_logging(debug: bool) {
+/// `to_file`: stderr is about to go to a --log file, so no colour codes.
+fn init_logging(debug: bool, to_file: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(!to_file && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -461,7 +463,7 @@ fn daemonize() -> Result<ExitCode, Failure> {
 /// unmount from outside, then clean up.
 fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     session::block_signals();
-    init_logging(args.serve.debug);
+    init_logging(args.serve.debug, args.log.is_some());
     let mut ready = Ready::new(args.ready_fd);
     let daemon = args.ready_fd.is_some();
     // With --log everything goes there; without, a background server shows startup
@@ -517,7 +519,7 @@ fn run_command(
     command: &[OsString],
 ) -> Result<ExitCode, Failure> {
     session::block_signals();
-    init_logging(serve.debug);
+    init_logging(serve.debug, false);
     let (tx, rx) = session::events();
     let cfg = mount_config(archives, serve)?;
     let archive = open_archive(archives, serve)?;
