@@ -179,8 +179,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             if !mountpoint::is_mount_point(&path) {
                 return Err(Failure(format!("{} is not mounted", path.display())));
             }
-            mountpoint::unmount(&path)
+            let servers = mountpoint::servers_of(&path);
+            let how = mountpoint::unmount(&path)
                 .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
+            // The server exits, removing a mount point it created, once it sees the
+            // unmount; after a lazy one that waits for the last open file to close.
+            if how == mountpoint::Unmounted::Now {
+                mountpoint::wait_for_exit(&servers, std::time::Duration::from_secs(5));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run {

@@ -156,8 +156,68 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
     fusermount(&["-u", "-z", "-q"], path)
 }
 
+/// Background `archfs mount` servers of `path` (canonical), found in /proc: an `archfs`
+/// command line with `mount` and `--ready-fd` or `--foreground`, one of whose arguments
+/// resolves to `path` from that process's working directory. `archfs unmount` waits for
+/// them, so the mount point a server created is gone when the command returns.
+pub fn servers_of(path: &Path) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_server = args.first().is_some_and(|a| a.ends_with(b"archfs"))
+            && args.contains(&&b"mount"[..])
+            && args
+                .iter()
+                .any(|a| matches!(*a, b"--ready-fd" | b"--foreground" | b"-f"));
+        if !is_server {
+            continue;
+        }
+        let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) else {
+            continue;
+        };
+        let serves = args.iter().skip(1).any(|a| {
+            let arg = Path::new(std::ffi::OsStr::from_bytes(a));
+            std::fs::canonicalize(cwd.join(arg)).is_ok_and(|p| p == path)
+        });
+        if serves {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Waits up to `timeout` for the processes to exit (a zombie counts as exited).
+pub fn wait_for_exit(pids: &[i32], timeout: std::time::Duration) {
+    let alive = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    let end = std::time::Instant::now() + timeout;
+    while pids.iter().any(alive) && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// How an unmount went: at once, or detached while files stay open.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    Now,
+    Lazily,
+}
+
 /// Unmounts, falling back to a lazy unmount when files are still open (EBUSY).
-pub fn unmount(path: &Path) -> io::Result<()> {
+pub fn unmount(path: &Path) -> io::Result<Unmounted> {
     let result = if is_root() {
         let c = cpath(path)?;
         // SAFETY: c is a valid NUL-terminated path.
@@ -173,9 +233,9 @@ pub fn unmount(path: &Path) -> io::Result<()> {
         Err(e)
             if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy =>
         {
-            lazy_unmount(path)
+            lazy_unmount(path).map(|()| Unmounted::Lazily)
         }
-        other => other,
+        other => other.map(|()| Unmounted::Now),
     }
 }
 

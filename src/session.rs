@@ -269,7 +269,7 @@ impl Mount {
     /// mount point if it was created for this mount.
     pub fn unmount(mut self) -> Result<(), String> {
         let result = match mountpoint::unmount(&self.prepared.path) {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             // Already gone: unmounted from outside.
             Err(_) if !mountpoint::is_mount_point(&self.prepared.path) => Ok(()),
             Err(e) => Err(format!(

@@ -262,6 +262,11 @@ fn two_hundred_mount_cycles_leak_nothing() {
         run_ok(archfs().arg("mount").arg(&img).arg(&mnt));
         assert_eq!(std::fs::read(mnt.join("f0003.txt")).unwrap(), want);
         run_ok(archfs().arg("unmount").arg(&mnt));
+        // The server created the mount point; `unmount` returns once it is gone again.
+        assert!(
+            !mnt.exists(),
+            "mount point left when `archfs unmount` returned"
+        );
     }
     assert!(
         wait_for(10, || pids_of_mount(&mnt).is_empty()),
