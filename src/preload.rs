@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use crate::archive::Extent;
 
-/// Reads in flight at once. On the virtio disk of docs/BENCHMARKS.md, buffered reads of a
-/// cold 1.1 GB tar ran at 390 MB/s with one reader, 870 with two, 1460 with four 8 MiB
-/// readers and 1850 MB/s with four 2 MiB readers.
+/// Reads in flight at once. On an earlier session's virtio disk (docs/BENCHMARKS.md),
+/// buffered reads of a cold 1.1 GB tar ran at 390 MB/s with one reader, 870 with two, 1460
+/// with four 8 MiB readers and 1850 MB/s with four 2 MiB readers.
 const READERS: usize = 4;
 /// Bytes per read.
 const CHUNK: u64 = 2 << 20;

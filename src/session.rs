@@ -199,7 +199,6 @@ pub fn mount(
     } else {
         SessionACL::Owner
     };
-    config.acl = acl;
 
     // A second try covers the mount point vanishing between the checks and mount(2):
     // the server of a previous mount removing the directory it had created.
