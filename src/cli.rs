@@ -351,7 +351,6 @@ fn open_archive(paths: &[PathBuf], serve: &ServeArgs) -> Result<Arc<dyn Archive>
     let options = archive::OpenOptions {
         recursive: serve.recursive,
         index: serve.index.clone(),
-        tar_chunks: None,
     };
     Ok(archive::open_many(paths, &cache, &options)?)
 }

@@ -231,13 +231,7 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
                 implied_gid: 0,
                 implied_mtime: 0,
             };
-            let chunks = (crate::tar::chunk_cache(cache.total_bytes), 0);
-            Box::new(crate::tar::TarArchive::build(
-                source,
-                opts,
-                chunks,
-                &mut |_| {},
-            )?)
+            Box::new(crate::tar::TarArchive::build(source, opts, &mut |_| {})?)
         }
     };
     Ok(check(&*archive, limits))

@@ -1,6 +1,7 @@
 //! The interface every archive format implements. The FUSE adapter, the CLI's inspection
 //! commands and the tests all go through it, so a format is tested once, without a mount.
 
+mod buf;
 pub mod check;
 mod source;
 mod union;
@@ -9,6 +10,7 @@ use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use buf::Buf;
 pub use source::Source;
 pub use union::Union;
 
@@ -75,10 +77,10 @@ pub struct Extent {
 }
 
 /// Bytes returned by a read: a slice of a cached block when one block covers the request
-/// (no copy), or an owned buffer when it spans several.
+/// (no copy), or a buffer of the reading thread's when it spans several.
 pub enum Data {
     Shared(Arc<Vec<u8>>, Range<usize>),
-    Owned(Vec<u8>),
+    Owned(Buf),
 }
 
 impl Deref for Data {
@@ -151,16 +153,7 @@ pub fn open_with(
             implied_gid: unsafe_gid(),
             implied_mtime: source.mtime(),
         };
-        let chunks = match &options.tar_chunks {
-            Some(shared) => shared.clone(),
-            None => (crate::tar::chunk_cache(cache.total_bytes), 0),
-        };
-        return Ok(crate::tar::open(
-            source,
-            opts,
-            chunks,
-            options.index.as_deref(),
-        )?);
+        return Ok(crate::tar::open(source, opts, options.index.as_deref())?);
     }
     Err(Error::Unsupported(format!(
         "{} is neither a SquashFS image nor a tar archive; create an image with \
@@ -177,8 +170,6 @@ pub struct OpenOptions {
     pub recursive: bool,
     /// Where a tar archive's index is kept (default: beside it, or the cache dir).
     pub index: Option<std::path::PathBuf>,
-    /// A chunk cache shared by the tar archives of a union, and this one's key space.
-    pub tar_chunks: Option<crate::tar::SharedChunks>,
 }
 
 fn compressed(magic: &[u8; 4]) -> Option<&'static str> {
@@ -264,23 +255,18 @@ pub fn open_many(
     if files.len() == 1 {
         return open_with(&files[0], cache, options);
     }
-    // One budget for the whole union: tar members share one chunk cache (half of it),
-    // SquashFS members split the other half.
-    let tar_chunks = crate::tar::chunk_cache(cache.total_bytes / 2);
-    let sqfs_part = CacheConfig {
-        total_bytes: (cache.total_bytes / 2 / files.len() as u64).max(1 << 20),
+    // One budget for the whole union: the SquashFS members split it (tar members read
+    // through the page cache and hold no blocks).
+    let per_member = CacheConfig {
+        total_bytes: (cache.total_bytes / files.len() as u64).max(1 << 20),
+    };
+    let options = OpenOptions {
+        index: None,
+        ..options.clone()
     };
     let members = files
         .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let per_member = OpenOptions {
-                index: None,
-                tar_chunks: Some((tar_chunks.clone(), i as u64)),
-                ..options.clone()
-            };
-            open_with(f, &sqfs_part, &per_member)
-        })
+        .map(|f| open_with(f, &per_member, &options))
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(Union::new(members)?))
 }

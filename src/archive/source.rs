@@ -5,6 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::Buf;
 use crate::error::{Error, Result};
 
 #[derive(Debug)]
@@ -80,6 +81,13 @@ impl Source {
                 e,
             )
         })
+    }
+
+    /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.
+    pub fn read_buf(&self, pos: u64, len: usize) -> Result<Buf> {
+        let mut buf = Buf::take(len);
+        self.read_exact_at(pos, &mut buf)?;
+        Ok(buf)
     }
 
     /// Reads `len` bytes at `pos` into a new buffer.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::inode::{Body, NO_FRAGMENT};
 use super::SquashFs;
-use crate::archive::Data;
+use crate::archive::{Buf, Data};
 use crate::cache::Weighted;
 use crate::error::{Error, Result};
 
@@ -111,9 +111,9 @@ impl SquashFs {
     }
 
     fn load_block(&self, pos: u64, stored: u32) -> Result<Vec<u8>> {
-        let raw = self.source.read_vec(pos, (stored & SIZE_MASK) as usize)?;
+        let raw = self.source.read_buf(pos, (stored & SIZE_MASK) as usize)?;
         if stored & UNCOMPRESSED != 0 {
-            return Ok(raw);
+            return Ok(raw.into_vec());
         }
         self.sb
             .codec
@@ -124,7 +124,7 @@ impl SquashFs {
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {
         let layout = self.layout(inode_ref)?;
         if offset >= layout.size || size == 0 {
-            return Ok(Data::Owned(Vec::new()));
+            return Ok(Data::Owned(Buf::default()));
         }
         let end = (offset + u64::from(size)).min(layout.size);
         let bs = u64::from(self.sb.block_size);
@@ -135,7 +135,8 @@ impl SquashFs {
             let to = start + (end - first * bs) as usize;
             return Ok(Data::Shared(block, from..to));
         }
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut out = Buf::take((end - offset) as usize);
+        let mut at = 0;
         for i in first..=last {
             let (block, start, len) = self.chunk(&layout, i)?;
             let lo = if i == first {
@@ -148,7 +149,8 @@ impl SquashFs {
             } else {
                 len
             };
-            out.extend_from_slice(&block[start + lo..start + hi]);
+            out[at..at + hi - lo].copy_from_slice(&block[start + lo..start + hi]);
+            at += hi - lo;
         }
         Ok(Data::Owned(out))
     }

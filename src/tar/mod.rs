@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use index::{kind_of, Index, Node, SPARSE};
 
-use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
-use crate::cache::BlockCache;
+use crate::archive::{Archive, Attr, Buf, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
 use crate::error::{Error, Result};
 
 pub use index::BuildOptions;
@@ -23,28 +22,17 @@ pub fn header_ok(raw: &[u8; 512]) -> bool {
     !h.is_zero() && h.checksum_ok()
 }
 
-/// Reads smaller than this go through cached, aligned chunks of the archive, so the
-/// small members of a shard are fetched together; larger ones are read directly.
-const CHUNK: u64 = 128 << 10;
-const DIRECT: u64 = 64 << 10;
+/// What `st_blksize` and `statfs` report: stdio and Python size their buffers by it.
+const IO_SIZE: u32 = 128 << 10;
 
+/// Members are read straight from the archive file with `pread`, into the reading
+/// thread's buffer. The kernel's page cache of the archive is the only cache: a chunk
+/// cache of our own (tried until this was measured) copied 128 KiB per small read, faulted
+/// in a new buffer for each, and took 520 MiB of RSS in a 10,000-file epoch, for 30% more
+/// server CPU (docs/BENCHMARKS.md).
 pub struct TarArchive {
     source: Source,
     index: Index,
-    /// Possibly shared with the other archives of a union, keyed apart by `namespace`.
-    chunks: Arc<BlockCache<Vec<u8>>>,
-    namespace: u64,
-}
-
-/// A chunk cache and the key space of one archive in it.
-pub type SharedChunks = (Arc<BlockCache<Vec<u8>>>, u64);
-
-/// Archive offsets stay below 2^48 (256 TiB); the namespace goes above.
-const NAMESPACE_SHIFT: u32 = 48;
-
-/// A chunk cache for tar archives with the given budget.
-pub fn chunk_cache(bytes: u64) -> Arc<BlockCache<Vec<u8>>> {
-    Arc::new(BlockCache::new("tar chunk", bytes as usize))
 }
 
 impl TarArchive {
@@ -52,7 +40,6 @@ impl TarArchive {
     pub fn build(
         source: Source,
         opts: BuildOptions,
-        chunks: SharedChunks,
         progress: &mut dyn FnMut(u64),
     ) -> Result<TarArchive> {
         let len = source.len();
@@ -62,16 +49,11 @@ impl TarArchive {
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        Ok(TarArchive::from_index(source, index, chunks))
+        Ok(TarArchive::from_index(source, index))
     }
 
-    pub fn from_index(source: Source, index: Index, chunks: SharedChunks) -> TarArchive {
-        TarArchive {
-            source,
-            index,
-            chunks: chunks.0,
-            namespace: chunks.1 << NAMESPACE_SHIFT,
-        }
+    pub fn from_index(source: Source, index: Index) -> TarArchive {
+        TarArchive { source, index }
     }
 
     pub fn index(&self) -> &Index {
@@ -110,55 +92,9 @@ impl TarArchive {
         }
     }
 
-    /// Bytes `[pos, pos + len)` of the archive file.
-    fn read_range(&self, pos: u64, len: u64) -> Result<Data> {
-        if len >= DIRECT {
-            return Ok(Data::Owned(self.source.read_vec(pos, len as usize)?));
-        }
-        let first = pos / CHUNK;
-        let last = (pos + len - 1) / CHUNK;
-        let chunk = |i: u64| {
-            self.chunks.get_or_load(self.namespace | (i * CHUNK), || {
-                let start = i * CHUNK;
-                let n = CHUNK.min(self.source.len().saturating_sub(start));
-                self.source.read_vec(start, n as usize)
-            })
-        };
-        if first == last {
-            let c = chunk(first)?;
-            let from = (pos - first * CHUNK) as usize;
-            if from + len as usize > c.len() {
-                return Err(Error::corrupt(
-                    "member data lies past the end of the archive",
-                ));
-            }
-            return Ok(Data::Shared(c, from..from + len as usize));
-        }
-        let mut out = Vec::with_capacity(len as usize);
-        for i in first..=last {
-            let c = chunk(i)?;
-            let lo = if i == first {
-                (pos - i * CHUNK) as usize
-            } else {
-                0
-            };
-            let hi = if i == last {
-                (pos + len - i * CHUNK) as usize
-            } else {
-                c.len()
-            };
-            if hi > c.len() {
-                return Err(Error::corrupt(
-                    "member data lies past the end of the archive",
-                ));
-            }
-            out.extend_from_slice(&c[lo..hi]);
-        }
-        Ok(Data::Owned(out))
-    }
-
     fn read_sparse(&self, n: &Node, offset: u64, end: u64) -> Result<Data> {
-        let mut out = vec![0u8; (end - offset) as usize];
+        let mut out = Buf::take((end - offset) as usize);
+        out.fill(0);
         let map = self.index.sparse_map(n);
         let start = map.partition_point(|s| s.offset + s.len <= offset);
         for s in &map[start..] {
@@ -167,8 +103,10 @@ impl TarArchive {
             }
             let lo = s.offset.max(offset);
             let hi = (s.offset + s.len).min(end);
-            let data = self.read_range(s.archive_off + (lo - s.offset), hi - lo)?;
-            out[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(&data);
+            self.source.read_exact_at(
+                s.archive_off + (lo - s.offset),
+                &mut out[(lo - offset) as usize..(hi - offset) as usize],
+            )?;
         }
         Ok(Data::Owned(out))
     }
@@ -222,13 +160,16 @@ impl Archive for TarArchive {
             _ => return Err(Error::corrupt("read of an inode that is not a file")),
         }
         if offset >= n.size || size == 0 {
-            return Ok(Data::Owned(Vec::new()));
+            return Ok(Data::Owned(Buf::default()));
         }
         let end = (offset + u64::from(size)).min(n.size);
         if n.flags & SPARSE != 0 {
             return self.read_sparse(n, offset, end);
         }
-        self.read_range(n.data + offset, end - offset)
+        let buf = self
+            .source
+            .read_buf(n.data + offset, (end - offset) as usize)?;
+        Ok(Data::Owned(buf))
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -255,7 +196,7 @@ impl Archive for TarArchive {
     fn stats(&self) -> Stats {
         Stats {
             bytes: self.source.len(),
-            block_size: CHUNK as u32,
+            block_size: IO_SIZE,
             inodes: self.index.nodes.len() as u64,
             name_max: 255,
         }
@@ -276,14 +217,8 @@ impl Archive for TarArchive {
 pub fn open(
     source: Source,
     opts: BuildOptions,
-    chunks: SharedChunks,
     index_path: Option<&Path>,
 ) -> Result<Arc<TarArchive>> {
-    if source.len() >> NAMESPACE_SHIFT != 0 {
-        return Err(Error::Unsupported(
-            "tar archives over 256 TiB are not supported".into(),
-        ));
-    }
     debug_assert_eq!(ROOT_INO, 1);
     let id = persist::Identity::of(&source, opts.recursive)?;
     let path = index_path
@@ -292,7 +227,7 @@ pub fn open(
     match persist::load(&path, &id) {
         Ok(index) => {
             tracing::info!("using the saved index {}", path.display());
-            return Ok(Arc::new(TarArchive::from_index(source, index, chunks)));
+            return Ok(Arc::new(TarArchive::from_index(source, index)));
         }
         Err(persist::Rejected::Missing) => {}
         Err(why) => tracing::warn!(
@@ -326,7 +261,7 @@ pub fn open(
             b.set_position(pos);
         }
     };
-    let archive = TarArchive::build(source, opts, chunks, &mut progress)?;
+    let archive = TarArchive::build(source, opts, &mut progress)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
