@@ -84,22 +84,21 @@ fn bad(codec: Codec, what: String) -> Error {
 
 fn gzip(src: &[u8], limit: usize) -> Result<Vec<u8>> {
     thread_local! {
-        static INFLATE: RefCell<flate2::Decompress> = RefCell::new(flate2::Decompress::new(true));
+        static INFLATE: RefCell<libdeflater::Decompressor> =
+            RefCell::new(libdeflater::Decompressor::new());
     }
     INFLATE.with(|cell| {
-        let mut d = cell.borrow_mut();
-        d.reset(true);
-        // One byte of headroom tells "exactly limit" from "more than limit".
-        let mut out = Vec::with_capacity(limit + 1);
-        let status = d
-            .decompress_vec(src, &mut out, flate2::FlushDecompress::Finish)
-            .map_err(|e| bad(Codec::Gzip, e.to_string()))?;
-        if status != flate2::Status::StreamEnd {
-            return Err(bad(
-                Codec::Gzip,
-                "stream does not end within the block".into(),
-            ));
-        }
+        let mut out = vec![0u8; limit];
+        let n = cell
+            .borrow_mut()
+            .zlib_decompress(src, &mut out)
+            .map_err(|e| match e {
+                libdeflater::DecompressionError::InsufficientSpace => {
+                    bad(Codec::Gzip, format!("expands past {limit} bytes"))
+                }
+                other => bad(Codec::Gzip, other.to_string()),
+            })?;
+        out.truncate(n);
         Ok(out)
     })
 }
@@ -135,9 +134,11 @@ mod tests {
     fn round_trips_and_limits() {
         let data = sample();
         let gz = {
-            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-            e.write_all(&data).unwrap();
-            e.finish().unwrap()
+            let mut c = libdeflater::Compressor::new(libdeflater::CompressionLvl::default());
+            let mut out = vec![0u8; c.zlib_compress_bound(data.len())];
+            let n = c.zlib_compress(&data, &mut out).unwrap();
+            out.truncate(n);
+            out
         };
         let zs = zstd::bulk::compress(&data, 3).unwrap();
         let l4 = lz4_flex::block::compress(&data);
