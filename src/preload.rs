@@ -118,13 +118,14 @@ impl Plan {
         std::thread::scope(|s| {
             for _ in 0..READERS.min(chunks.len()) {
                 s.spawn(|| {
+                    let mut scratch = Vec::new();
                     while !failed.load(Ordering::Relaxed) {
                         let Some(&(f, at, len)) = chunks.get(next.fetch_add(1, Ordering::Relaxed))
                         else {
                             return;
                         };
                         let (path, file) = &files[f];
-                        if let Err(e) = fetch(file, at, len) {
+                        if let Err(e) = fetch(file, at, len, &mut scratch) {
                             tracing::warn!(
                                 "--preload stopped: reading {} at {at}: {e}; reads go on from \
                                  the file as they come",
@@ -151,8 +152,9 @@ impl Plan {
 /// asked to read the range ahead (no copy to this process), and the wait is a one-byte read
 /// of its end. On the 1.1 GB tar of docs/BENCHMARKS.md, four threads doing this in 2 MiB
 /// chunks cached the file in 0.79-0.84 s, four threads reading the chunks into buffers in
-/// 1.06-1.42 s (and spent a core copying). Where the advice is refused, the chunk is read.
-fn fetch(file: &File, at: u64, len: usize) -> std::io::Result<()> {
+/// 1.06-1.42 s (and spent a core copying). Where the advice is refused, the chunk is read
+/// into `scratch`.
+fn fetch(file: &File, at: u64, len: usize, scratch: &mut Vec<u8>) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise only reads its arguments; `file` is open for the call.
     let advised = unsafe {
@@ -167,8 +169,8 @@ fn fetch(file: &File, at: u64, len: usize) -> std::io::Result<()> {
         let mut last = [0u8; 1];
         return file.read_exact_at(&mut last, at + len as u64 - 1);
     }
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, at)
+    scratch.resize(len, 0);
+    file.read_exact_at(&mut scratch[..len], at)
 }
 
 fn human(bytes: u64) -> String {

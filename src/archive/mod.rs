@@ -77,7 +77,7 @@ pub struct Extent {
 }
 
 /// Bytes returned by a read: a slice of a cached block when one block covers the request
-/// (no copy), or a buffer of the reading thread's when it spans several.
+/// (no copy), or a buffer of the reading thread's (a read spanning blocks, a tar member).
 pub enum Data {
     Shared(Arc<Vec<u8>>, Range<usize>),
     Owned(Buf),

@@ -111,10 +111,12 @@ impl SquashFs {
     }
 
     fn load_block(&self, pos: u64, stored: u32) -> Result<Vec<u8>> {
-        let raw = self.source.read_buf(pos, (stored & SIZE_MASK) as usize)?;
+        let len = (stored & SIZE_MASK) as usize;
         if stored & UNCOMPRESSED != 0 {
-            return Ok(raw.into_vec());
+            // Kept in the cache: an exact allocation, not a reused buffer of any capacity.
+            return self.source.read_vec(pos, len);
         }
+        let raw = self.source.read_buf(pos, len)?;
         self.sb
             .codec
             .decompress(&raw, self.sb.block_size as usize)
@@ -152,6 +154,7 @@ impl SquashFs {
             out[at..at + hi - lo].copy_from_slice(&block[start + lo..start + hi]);
             at += hi - lo;
         }
+        debug_assert_eq!(at, out.len(), "chunk lengths come from the layout");
         Ok(Data::Owned(out))
     }
 }

@@ -27,8 +27,8 @@ const IO_SIZE: u32 = 128 << 10;
 
 /// Members are read straight from the archive file with `pread`, into the reading
 /// thread's buffer. The kernel's page cache of the archive is the only cache: a chunk
-/// cache of our own (tried until this was measured) copied 128 KiB per small read, faulted
-/// in a new buffer for each, and took 520 MiB of RSS in a 10,000-file epoch, for 30% more
+/// cache of our own (until this was measured) read a whole 128 KiB chunk into a new buffer
+/// for each small read that missed, held 520 MiB in a 10,000-file epoch, and cost ~30% more
 /// server CPU (docs/BENCHMARKS.md).
 pub struct TarArchive {
     source: Source,
