@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::archive::{self, Archive, Kind};
 use crate::cache::CacheConfig;
@@ -114,11 +114,27 @@ struct ServeArgs {
     /// beside the archive if that directory is writable, else ~/.cache/archfs/].
     #[arg(long, value_name = "FILE")]
     index: Option<PathBuf>,
-    /// Once mounted, read the archives into the OS page cache in the background, in a few
-    /// large parallel reads, so the first epoch's shuffled reads find them in memory
-    /// (the data is left out, with a warning, when it would not fit in free memory).
-    #[arg(long)]
-    preload: bool,
+    /// Read the archives into the OS page cache in the background, in a few large parallel
+    /// reads, so a first epoch's shuffled reads find them in memory: `auto` once 128 files
+    /// have been read, `always` (bare `--preload`) once mounted, or `never`. The data is
+    /// left out when it would not fit in free memory.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        default_value_t = Preload::Auto,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "always"
+    )]
+    preload: Preload,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum Preload {
+    Auto,
+    Always,
+    Never,
 }
 
 /// Parses `512M`, `2G`, `1048576`, `64KiB`.
@@ -336,6 +352,7 @@ fn mount_config(archives: &[PathBuf], serve: &ServeArgs) -> Result<MountConfig, 
             .unwrap_or_else(|_| archives[0].clone())
             .to_string_lossy()
             .replace([',', ' '], "_"),
+        preload: None,
     })
 }
 
@@ -355,16 +372,27 @@ fn open_archive(paths: &[PathBuf], serve: &ServeArgs) -> Result<Arc<dyn Archive>
     Ok(archive::open_many(paths, &cache, &options)?)
 }
 
-/// What `--preload` will read, decided (and any warning shown) before the mount is live.
-fn preload_plan(archive: &dyn Archive, serve: &ServeArgs) -> Option<preload::Plan> {
-    if !serve.preload {
-        return None;
+/// Sets up `--preload`: for `always`, what to read once mounted, decided (and any warning
+/// shown) before the mount is live; for `auto`, the mount's trigger.
+fn preload_plan(
+    archive: &dyn Archive,
+    serve: &ServeArgs,
+    cfg: &mut MountConfig,
+) -> Option<preload::Plan> {
+    match serve.preload {
+        Preload::Never => None,
+        Preload::Auto => {
+            cfg.preload = Some(Arc::new(preload::Trigger::new(archive.extents())));
+            None
+        }
+        Preload::Always => {
+            let plan = preload::Plan::new(archive.extents(), preload::available_memory());
+            if let Some(why) = &plan.skipped {
+                tracing::warn!("{why}");
+            }
+            Some(plan)
+        }
     }
-    let plan = preload::Plan::new(archive.extents(), preload::available_memory());
-    if let Some(why) = &plan.skipped {
-        tracing::warn!("{why}");
-    }
-    Some(plan)
 }
 
 /// Points stderr (and so the log) at `path`, or at /dev/null.
@@ -478,10 +506,10 @@ fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
     }
     let (tx, rx) = session::events();
     let (mountpoint, archives) = args.paths.split_last().expect("clap requires two");
-    let setup = mount_config(archives, &args.serve).and_then(|cfg| {
+    let setup = mount_config(archives, &args.serve).and_then(|mut cfg| {
         let archive = open_archive(archives, &args.serve)?;
         tracing::info!("{}: {}", archives[0].display(), archive.format());
-        let plan = preload_plan(&*archive, &args.serve);
+        let plan = preload_plan(&*archive, &args.serve, &mut cfg);
         Ok((session::mount(archive, mountpoint, &cfg, tx)?, plan))
     });
     let (mut mount, plan) = match setup {
@@ -526,9 +554,9 @@ fn run_command(
     session::block_signals();
     init_logging(serve.debug, false);
     let (tx, rx) = session::events();
-    let cfg = mount_config(archives, serve)?;
+    let mut cfg = mount_config(archives, serve)?;
     let archive = open_archive(archives, serve)?;
-    let plan = preload_plan(&*archive, serve);
+    let plan = preload_plan(&*archive, serve, &mut cfg);
     let mount = session::mount(archive, mountpoint, &cfg, tx.clone())?;
     if let Some(plan) = plan {
         plan.start();

@@ -1,7 +1,9 @@
 //! `--preload`: streams the archive files into the OS page cache with a few large parallel
-//! reads, in the background, once the mount is live. A first epoch then finds its shuffled
-//! small reads in memory, and the (parallel) filesystem under the archive sees big
-//! sequential reads instead of one small random read per file.
+//! reads, in the background. A first epoch then finds its shuffled small reads in memory,
+//! and the (parallel) filesystem under the archive sees big sequential reads instead of one
+//! small random read per file. `always` starts once the mount is live; `auto`, the default,
+//! waits for a [`Trigger`]: reads of many files, so a job that lists the tree or opens a
+//! few files does not read the whole archive.
 //!
 //! Metadata (SquashFS directory and inode tables) goes first, so listing the tree is fast
 //! early; the data follows only when it fits in the memory free for the page cache, since
@@ -10,8 +12,10 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use crate::archive::Extent;
 
@@ -23,6 +27,55 @@ const READERS: usize = 4;
 const CHUNK: u64 = 2 << 20;
 /// Share of the free memory the preloaded data may take; the rest stays for the job.
 const MEMORY_SHARE: f64 = 0.75;
+
+/// Files whose first bytes `auto` waits to see read: a training epoch gets there within a
+/// fraction of a second, while looking at a few files, listing or `stat`ing the tree
+/// (ImageFolder's index) never does.
+pub const AUTO_AFTER_FILES: u64 = 128;
+
+/// `--preload=auto`: starts the preload at the [`AUTO_AFTER_FILES`]th read at offset 0
+/// (a file's start), deciding then what fits in free memory.
+#[derive(Debug)]
+pub struct Trigger {
+    starts: AtomicU64,
+    extents: Mutex<Option<Vec<Extent>>>,
+}
+
+impl Trigger {
+    pub fn new(extents: Vec<Extent>) -> Trigger {
+        Trigger {
+            starts: AtomicU64::new(0),
+            extents: Mutex::new(Some(extents)),
+        }
+    }
+
+    /// Counts a read of `offset`; one atomic load once the preload has started.
+    pub fn note_read(&self, offset: u64) {
+        if offset != 0 || self.starts.load(Ordering::Relaxed) >= AUTO_AFTER_FILES {
+            return;
+        }
+        if self.starts.fetch_add(1, Ordering::Relaxed) + 1 != AUTO_AFTER_FILES {
+            return;
+        }
+        let Some(extents) = self.extents.lock().take() else {
+            return;
+        };
+        let plan = Plan::new(extents, available_memory());
+        match &plan.skipped {
+            Some(why) => tracing::info!("{AUTO_AFTER_FILES} files read: {why}"),
+            None => tracing::info!(
+                "{AUTO_AFTER_FILES} files read: preloading {}",
+                human(plan.bytes())
+            ),
+        }
+        plan.start();
+    }
+
+    /// Whether the preload has been started.
+    pub fn fired(&self) -> bool {
+        self.extents.lock().is_none()
+    }
+}
 
 /// What to read, decided before the mount goes live so a warning reaches the terminal.
 #[derive(Debug, PartialEq)]
@@ -274,6 +327,22 @@ mod tests {
         assert_eq!(small.extents, vec![extent(900..1000, true)]);
         assert!(small.skipped.unwrap().contains("metadata only"));
         assert_eq!(Plan::new(all, None).bytes(), 1000);
+    }
+
+    #[test]
+    fn trigger_fires_at_the_start_of_the_nth_file() {
+        let t = Trigger::new(Vec::new());
+        for _ in 0..1000 {
+            t.note_read(128 << 10);
+        }
+        for _ in 1..AUTO_AFTER_FILES {
+            t.note_read(0);
+        }
+        assert!(!t.fired());
+        t.note_read(0);
+        assert!(t.fired());
+        t.note_read(0);
+        assert!(t.fired());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::archive::Archive;
 use crate::fuse::ArchFs;
 use crate::fuse_mount;
 use crate::mountpoint::{self, Prepared};
+use crate::preload::Trigger;
 use crate::vfs::Vfs;
 
 /// Settings of one mount.
@@ -23,6 +24,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Name shown as the mount's source in /proc/mounts.
     pub fsname: String,
+    /// `--preload=auto`: starts the preload once reads show a job reading the dataset.
+    pub preload: Option<Arc<Trigger>>,
 }
 
 /// Something the serving loop must react to.
@@ -207,7 +210,7 @@ pub fn mount(
         let prepared = mountpoint::prepare(path)?;
         let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
             .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
-        let fs = ArchFs::new(Vfs::new(archive.clone()));
+        let fs = ArchFs::new(Vfs::new(archive.clone(), cfg.preload.clone()));
         let session =
             fuse_mount::mount(&prepared.path, &cfg.fsname, cfg.allow_other).and_then(|fd| {
                 Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {

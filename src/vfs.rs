@@ -7,27 +7,38 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::archive::{Archive, DirEntry, Kind};
+use crate::archive::{Archive, Data, DirEntry, Kind};
 use crate::error::{Error, Result};
+use crate::preload::Trigger;
 
 pub struct Vfs {
     archive: Arc<dyn Archive>,
     /// Listings of open directories: readdir resumes by index, never by re-scanning.
     dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     next_handle: AtomicU64,
+    /// `--preload=auto`, told of every read.
+    preload: Option<Arc<Trigger>>,
 }
 
 impl Vfs {
-    pub fn new(archive: Arc<dyn Archive>) -> Vfs {
+    pub fn new(archive: Arc<dyn Archive>, preload: Option<Arc<Trigger>>) -> Vfs {
         Vfs {
             archive,
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            preload,
         }
     }
 
     pub fn archive(&self) -> &dyn Archive {
         &*self.archive
+    }
+
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
+        if let Some(t) = &self.preload {
+            t.note_read(offset);
+        }
+        self.archive.read(ino, offset, size)
     }
 
     /// Reads the listing once, with `.` and `..` first, and returns a handle to it.

@@ -218,6 +218,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         threads: 4,
         allow_other: false,
         fsname: "cycles".into(),
+        preload: None,
     };
     let mut baseline = None;
     for cycle in 0..200 {

@@ -177,15 +177,24 @@ pub fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
 
+/// The value after `key` in /proc/PID/`file` of the server serving `mnt`.
+pub fn server_proc(mnt: &Path, file: &str, key: &str) -> String {
+    let pids = pids_of_mount(mnt);
+    assert_eq!(pids.len(), 1, "one server for {mnt:?}: {pids:?}");
+    let text = std::fs::read_to_string(format!("/proc/{}/{file}", pids[0])).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in /proc/PID/{file}"))
+        .trim()
+        .to_owned()
+}
+
 /// Peak resident memory (VmHWM) of the server serving `mnt`, in bytes.
 pub fn server_peak_rss(mnt: &Path) -> u64 {
-    let pids = pids_of_mount(mnt);
-    assert_eq!(pids.len(), 1, "one server for {mnt:?}");
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pids[0])).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status");
+    let kib: u64 = server_proc(mnt, "status", "VmHWM:")
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmHWM in kB");
     kib << 10
 }
