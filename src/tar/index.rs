@@ -615,9 +615,17 @@ impl<'a> Builder<'a> {
                     );
                 }
                 if let Some(&count) = lines.first() {
+                    // Each pair takes at least four bytes ("0\n0\n") of a map that may not
+                    // exceed MAX_META: a larger count is a lie, not a reason to overflow.
+                    if count > MAX_META / 4 {
+                        return Err(Error::corrupt(format!(
+                            "sparse map of {display} claims {count} regions"
+                        )));
+                    }
                     want = Some(1 + 2 * count as usize);
                 }
             }
+            lines.truncate(want.unwrap_or(0));
             sp.map = lines[1..].chunks_exact(2).map(|c| (c[0], c[1])).collect();
             stored -= off - data_pos;
             data_pos = off;
