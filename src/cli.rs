@@ -608,3 +608,27 @@ fn run_command(
     };
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount_args(argv: &[&str]) -> MountArgs {
+        match Cli::try_parse_from(argv).unwrap().command {
+            Cmd::Mount(m) => m,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn preload_defaults_to_auto_and_a_bare_flag_takes_no_path() {
+        let m = mount_args(&["archfs", "mount", "a.sqfs", "mnt"]);
+        assert_eq!(m.serve.preload, Preload::Auto);
+        let m = mount_args(&["archfs", "mount", "--preload", "a.sqfs", "mnt"]);
+        assert_eq!(m.serve.preload, Preload::Always);
+        assert_eq!(m.paths, [PathBuf::from("a.sqfs"), PathBuf::from("mnt")]);
+        let m = mount_args(&["archfs", "mount", "a.sqfs", "mnt", "--preload=never"]);
+        assert_eq!(m.serve.preload, Preload::Never);
+        assert!(Cli::try_parse_from(["archfs", "mount", "--preload=soon", "a", "m"]).is_err());
+    }
+}
