@@ -71,8 +71,8 @@ impl Trigger {
         plan.start();
     }
 
-    /// Whether the preload has been started.
-    pub fn fired(&self) -> bool {
+    #[cfg(test)]
+    fn fired(&self) -> bool {
         self.extents.lock().is_none()
     }
 }

@@ -52,8 +52,9 @@ fn evict(path: &Path) {
 }
 
 /// 24 MB of incompressible small files, which the tests read, and a 48 MiB one they never
-/// read: the image is mostly data, so "resident" means the data was read, not just the
-/// tables, and all of it resident means more than the reads and their read-ahead.
+/// read: the image is mostly data, so a server that read nearly all of it read the data,
+/// not just the tables, and more than the files read through the mount and their
+/// read-ahead.
 fn data_tree(dir: &TempDir) -> std::path::PathBuf {
     let src = dir.join("src");
     std::fs::create_dir(&src).unwrap();
