@@ -2,27 +2,22 @@
 //! archive without mounting it.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::archive::{self, Archive, Kind};
+use crate::archive::{self, Kind};
 use crate::cache::CacheConfig;
-use crate::mountpoint;
-use crate::preload;
-use crate::session::{self, Event, MountConfig};
+use crate::job::{self, Settings};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "archfs",
     version,
-    about = "Mount SquashFS images read-only with FUSE, \
+    about = "Mount SquashFS images and tar archives read-only with FUSE, \
     fast, for datasets of many small files",
     propagate_version = true
 )]
@@ -188,31 +183,24 @@ pub fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
-        Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => serve(args),
-        Cmd::Mount(_) => daemonize(),
+        Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => {
+            let s = settings(&args.paths, &args.serve)?;
+            Ok(job::serve(&s, args.log.as_deref(), args.ready_fd)?)
+        }
+        Cmd::Mount(args) => {
+            settings(&args.paths, &args.serve)?;
+            job::mount_in_background()?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Unmount { mountpoint } => {
-            let path = std::fs::canonicalize(&mountpoint).unwrap_or(mountpoint);
-            if !mountpoint::is_mount_point(&path) {
-                return Err(Failure(format!("{} is not mounted", path.display())));
-            }
-            let servers = mountpoint::servers_of(&path);
-            let how = mountpoint::unmount(&path)
-                .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
-            // The server exits, removing a mount point it created, once it sees the
-            // unmount; after a lazy one that waits for the last open file to close.
-            if how == mountpoint::Unmounted::Now {
-                mountpoint::wait_for_exit(&servers, std::time::Duration::from_secs(5));
-            }
+            job::unmount(&mountpoint)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run {
             paths,
             serve,
             command,
-        } => {
-            let (mountpoint, archives) = paths.split_last().expect("clap requires two");
-            run_command(archives, mountpoint, &serve, &command)
-        }
+        } => Ok(job::run(&settings(&paths, &serve)?, &command)?),
         Cmd::Info { archive } => {
             let a = archive::open(&archive, &CacheConfig::default())?;
             let s = a.stats();
@@ -288,9 +276,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 ExitCode::FAILURE
             })
         }
-        Cmd::Watchdog { path, remove_dir } => Ok(ExitCode::from(session::watchdog_main(
-            &path, remove_dir,
-        ) as u8)),
+        Cmd::Watchdog { path, remove_dir } => Ok(job::watchdog_main(&path, remove_dir)),
     }
 }
 
@@ -314,25 +300,14 @@ fn mode_string(kind: Kind, perm: u16) -> String {
     s
 }
 
-/// `to_file`: stderr is about to go to a --log file, so no colour codes.
-fn init_logging(debug: bool, to_file: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(!to_file && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
-}
-
 fn default_threads() -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     (cpus * 2).clamp(4, 16)
 }
 
-fn mount_config(archives: &[PathBuf], serve: &ServeArgs) -> Result<MountConfig, Failure> {
+/// What `mount` and `run` were asked for, checked.
+fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
+    let (mountpoint, archives) = paths.split_last().expect("clap requires two");
     let mut allow_other = false;
     for o in &serve.options {
         match o.as_str() {
@@ -345,268 +320,21 @@ fn mount_config(archives: &[PathBuf], serve: &ServeArgs) -> Result<MountConfig, 
             }
         }
     }
-    Ok(MountConfig {
+    Ok(Settings {
+        archives: archives.to_vec(),
+        mountpoint: mountpoint.clone(),
+        cache_size: serve.cache_size,
         threads: serve.threads.unwrap_or_else(default_threads),
         allow_other,
-        fsname: std::fs::canonicalize(&archives[0])
-            .unwrap_or_else(|_| archives[0].clone())
-            .to_string_lossy()
-            .replace([',', ' '], "_"),
-        preload: None,
-    })
-}
-
-fn open_archive(paths: &[PathBuf], serve: &ServeArgs) -> Result<Arc<dyn Archive>, Failure> {
-    if serve.index.is_some() && paths.len() > 1 {
-        return Err(Failure(
-            "--index names the index of one archive; with several, each keeps its own".into(),
-        ));
-    }
-    let cache = CacheConfig {
-        total_bytes: serve.cache_size,
-    };
-    let options = archive::OpenOptions {
         recursive: serve.recursive,
         index: serve.index.clone(),
-    };
-    Ok(archive::open_many(paths, &cache, &options)?)
-}
-
-/// Sets up `--preload`: for `always`, what to read once mounted, decided (and any warning
-/// shown) before the mount is live; for `auto`, the mount's trigger.
-fn preload_plan(
-    archive: &dyn Archive,
-    serve: &ServeArgs,
-    cfg: &mut MountConfig,
-) -> Option<preload::Plan> {
-    match serve.preload {
-        Preload::Never => None,
-        Preload::Auto => {
-            cfg.preload = Some(Arc::new(preload::Trigger::new(archive.extents())));
-            None
-        }
-        Preload::Always => {
-            let plan = preload::Plan::new(archive.extents(), preload::available_memory());
-            if let Some(why) = &plan.skipped {
-                tracing::warn!("{why}");
-            }
-            Some(plan)
-        }
-    }
-}
-
-/// Points stderr (and so the log) at `path`, or at /dev/null.
-fn redirect_stderr(path: Option<&Path>) -> Result<(), Failure> {
-    let target = match path {
-        Some(p) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .map_err(|e| format!("cannot open log file {}: {e}", p.display()))?,
-        None => std::fs::OpenOptions::new().write(true).open("/dev/null")?,
-    };
-    use std::os::fd::AsRawFd;
-    // SAFETY: both descriptors are open; dup2 replaces fd 2 atomically.
-    unsafe { libc::dup2(target.as_raw_fd(), 2) };
-    Ok(())
-}
-
-/// Tells the parent of a background server whether the mount came up.
-struct Ready(Option<std::fs::File>);
-
-impl Ready {
-    fn new(fd: Option<i32>) -> Ready {
-        Ready(fd.map(|fd| {
-            // SAFETY: the parent passed this descriptor to us for exactly this purpose.
-            let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-            // Children (the watchdog) must not hold it open, or the parent waits on them.
-            // SAFETY: fcntl on a descriptor we own.
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-            f
-        }))
-    }
-
-    fn send(&mut self, line: &str) {
-        if let Some(mut f) = self.0.take() {
-            // One line: the parent reads up to the first newline.
-            let _ = f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes());
-        }
-    }
-}
-
-/// `archfs mount` without --foreground: start the server as a child in its own session
-/// and return once it reports the mount live, with its error otherwise.
-fn daemonize() -> Result<ExitCode, Failure> {
-    let mut fds = [0i32; 2];
-    // SAFETY: fds has room for two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(Failure(format!(
-            "cannot create a pipe: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    // SAFETY: pipe2 just returned these descriptors to us.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(std::env::args_os().skip(1))
-        .args(["--ready-fd", "3"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    // The server keeps our stderr until the mount is ready (progress bars, warnings),
-    // then switches to --log or /dev/null.
-    let wfd = fds[1];
-    // SAFETY: dup2 and setsid are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(wfd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn()?;
-    drop(write_end);
-    let mut reply = Vec::new();
-    let mut byte = [0u8; 1];
-    let mut reader = std::fs::File::from(read_end);
-    while let Ok(1) = reader.read(&mut byte) {
-        if byte[0] == b'\n' {
-            break;
-        }
-        reply.push(byte[0]);
-    }
-    let reply = String::from_utf8_lossy(&reply).into_owned();
-    if reply == "ok" {
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(msg) = reply.strip_prefix("error: ") {
-        let _ = child.wait();
-        return Err(Failure(msg.to_string()));
-    }
-    let status = child.wait()?;
-    Err(Failure(format!(
-        "the server exited ({status}) before the mount was ready; run with --foreground \
-         --debug to see why"
-    )))
-}
-
-/// `archfs mount --foreground`, and the background server: serve until a signal or an
-/// unmount from outside, then clean up.
-fn serve(args: MountArgs) -> Result<ExitCode, Failure> {
-    session::block_signals();
-    init_logging(args.serve.debug, args.log.is_some());
-    let mut ready = Ready::new(args.ready_fd);
-    let daemon = args.ready_fd.is_some();
-    // With --log everything goes there; without, a background server shows startup
-    // warnings and progress on the terminal, then goes quiet once the mount is ready.
-    if args.log.is_some() {
-        redirect_stderr(args.log.as_deref())?;
-    }
-    let (tx, rx) = session::events();
-    let (mountpoint, archives) = args.paths.split_last().expect("clap requires two");
-    let setup = mount_config(archives, &args.serve).and_then(|mut cfg| {
-        let archive = open_archive(archives, &args.serve)?;
-        tracing::info!("{}: {}", archives[0].display(), archive.format());
-        let plan = preload_plan(&*archive, &args.serve, &mut cfg);
-        Ok((session::mount(archive, mountpoint, &cfg, tx)?, plan))
-    });
-    let (mut mount, plan) = match setup {
-        Ok(m) => m,
-        Err(Failure(msg)) if daemon => {
-            // The parent prints it.
-            ready.send(&format!("error: {msg}"));
-            return Ok(ExitCode::FAILURE);
-        }
-        Err(e) => return Err(e),
-    };
-    ready.send("ok");
-    if daemon && args.log.is_none() {
-        redirect_stderr(None)?;
-    }
-    if let Some(plan) = plan {
-        plan.start();
-    }
-    loop {
-        match rx.recv() {
-            Ok(Event::Signal { signo, .. }) => {
-                tracing::info!("signal {signo}: unmounting {}", mount.path().display());
-                mount.unmount()?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            Ok(Event::Ended) | Err(_) => {
-                mount.finish();
-                return Ok(ExitCode::SUCCESS);
-            }
-            Ok(Event::Exited(_)) => {}
-        }
-    }
-}
-
-/// `archfs run`: mount, run the command, forward signals to it, unmount when it ends.
-fn run_command(
-    archives: &[PathBuf],
-    mountpoint: &Path,
-    serve: &ServeArgs,
-    command: &[OsString],
-) -> Result<ExitCode, Failure> {
-    session::block_signals();
-    init_logging(serve.debug, false);
-    let (tx, rx) = session::events();
-    let mut cfg = mount_config(archives, serve)?;
-    let archive = open_archive(archives, serve)?;
-    let plan = preload_plan(&*archive, serve, &mut cfg);
-    let mount = session::mount(archive, mountpoint, &cfg, tx.clone())?;
-    if let Some(plan) = plan {
-        plan.start();
-    }
-    let child = Command::new(&command[0]).args(&command[1..]).spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            mount.unmount()?;
-            return Err(Failure(format!(
-                "cannot run {}: {e}",
-                command[0].to_string_lossy()
-            )));
-        }
-    };
-    let pid = child.id() as i32;
-    std::thread::spawn(move || {
-        if let Ok(status) = child.wait() {
-            let _ = tx.send(Event::Exited(status));
-        }
-    });
-    let status = loop {
-        match rx.recv() {
-            Ok(Event::Signal {
-                signo,
-                from_process,
-            }) => {
-                // A terminal's Ctrl-C reached the command already (same process group).
-                if from_process {
-                    // SAFETY: kill has no memory preconditions.
-                    unsafe { libc::kill(pid, signo) };
-                }
-            }
-            Ok(Event::Ended) => {
-                tracing::warn!(
-                    "{} was unmounted while the command runs",
-                    mountpoint.display()
-                )
-            }
-            Ok(Event::Exited(status)) => break status,
-            Err(_) => return Err(Failure("lost track of the command".into())),
-        }
-    };
-    mount.unmount()?;
-    let code = match (status.code(), status.signal()) {
-        (Some(c), _) => c,
-        (None, Some(sig)) => 128 + sig,
-        _ => 1,
-    };
-    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+        preload: match serve.preload {
+            Preload::Auto => job::Preload::Auto,
+            Preload::Always => job::Preload::Always,
+            Preload::Never => job::Preload::Never,
+        },
+        debug: serve.debug,
+    })
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use parking_lot::Mutex;
 
@@ -151,6 +151,23 @@ impl Filesystem for ArchFs {
         reply: ReplyEmpty,
     ) {
         reply.error(Errno::ENOSYS);
+    }
+
+    /// No file here is a device: ENOTTY, what a plain file answers. Python's `open()`
+    /// asks each file whether it is a terminal (TCGETS); fuser's default logged a warning
+    /// for every one of them.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn read(

@@ -4,7 +4,8 @@
 //! Layers, bottom up: [`archive::Source`] (positional reads), [`cache`] (shared block
 //! cache), format readers ([`squashfs`]), the [`archive::Archive`] interface, [`vfs`]
 //! (directory handles, no FUSE types), [`fuse`] (the thin fuser adapter) and
-//! [`session`] (mounting, signals, unmounting on every exit path).
+//! [`job`] (the life cycle: mounting, serving, signals, `run`, unmounting on every exit
+//! path).
 
 pub mod archive;
 pub mod cache;
@@ -12,9 +13,9 @@ pub mod cli;
 pub mod error;
 pub mod fuse;
 pub mod fuse_mount;
+pub mod job;
 pub mod mountpoint;
 pub mod preload;
-pub mod session;
 pub mod squashfs;
 pub mod tar;
 pub mod vfs;

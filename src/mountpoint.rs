@@ -73,14 +73,39 @@ pub fn prepare(path: &Path) -> Result<Prepared, String> {
 
 /// Whether `path` (canonical) is listed in this process's mount table.
 pub fn is_mount_point(path: &Path) -> bool {
+    entry(path).is_some()
+}
+
+/// One mount in the mount table: its mount ID and device. The pair names that mount and
+/// no other while it exists, so a later mount on the same path is never mistaken for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountId {
+    id: Vec<u8>,
+    dev: Vec<u8>,
+}
+
+/// The topmost mount on `path` (canonical), if any.
+pub fn entry(path: &Path) -> Option<MountId> {
+    let table = std::fs::read("/proc/self/mountinfo").ok()?;
+    let want = path.as_os_str().as_bytes();
+    table.rsplit(|&b| b == b'\n').find_map(|line| {
+        let f: Vec<&[u8]> = line.split(|&b| b == b' ').take(5).collect();
+        (f.len() == 5 && unescape(f[4]) == want).then(|| MountId {
+            id: f[0].to_vec(),
+            dev: f[2].to_vec(),
+        })
+    })
+}
+
+/// Whether the mount `id` on `path` is still in the mount table.
+pub fn is_live(path: &Path, id: &MountId) -> bool {
     let Ok(table) = std::fs::read("/proc/self/mountinfo") else {
         return false;
     };
     let want = path.as_os_str().as_bytes();
     table.split(|&b| b == b'\n').any(|line| {
-        line.split(|&b| b == b' ')
-            .nth(4)
-            .is_some_and(|field| unescape(field) == want)
+        let f: Vec<&[u8]> = line.split(|&b| b == b' ').take(5).collect();
+        f.len() == 5 && f[0] == id.id && f[2] == id.dev && unescape(f[4]) == want
     })
 }
 
@@ -114,16 +139,13 @@ fn fusermount(args: &[&str], path: &Path) -> io::Result<()> {
         match Command::new(prog).args(args).arg(path).output() {
             Ok(out) if out.status.success() => return Ok(()),
             Ok(out) => {
-                let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
-                let code = if msg.contains("busy") {
-                    libc::EBUSY
-                } else {
-                    libc::EINVAL
-                };
-                return Err(io::Error::new(
-                    io::Error::from_raw_os_error(code).kind(),
-                    format!("{prog}: {msg}"),
-                ));
+                let msg = String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .replace('\n', " ");
+                return Err(io::Error::other(format!(
+                    "{prog} {} failed: {msg}",
+                    args.join(" ")
+                )));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => last = Some(e),
             Err(e) => return Err(e),
@@ -153,7 +175,7 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
         }
         return Err(io::Error::last_os_error());
     }
-    fusermount(&["-u", "-z", "-q"], path)
+    fusermount(&["-u", "-z"], path)
 }
 
 /// Background `archfs mount` servers of `path` (canonical), found in /proc: an `archfs`
@@ -216,9 +238,11 @@ pub enum Unmounted {
     Lazily,
 }
 
-/// Unmounts, falling back to a lazy unmount when files are still open (EBUSY).
+/// Unmounts `path`; if that fails while the mount is still there (files open: EBUSY, or
+/// anything else), detaches it lazily. Decided by the mount table, never by a tool's
+/// message: `fusermount3 -u` says nothing useful when the mount is busy.
 pub fn unmount(path: &Path) -> io::Result<Unmounted> {
-    let result = if is_root() {
+    let plain = if is_root() {
         let c = cpath(path)?;
         // SAFETY: c is a valid NUL-terminated path.
         if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
@@ -227,15 +251,16 @@ pub fn unmount(path: &Path) -> io::Result<Unmounted> {
             Err(io::Error::last_os_error())
         }
     } else {
-        fusermount(&["-u", "-q"], path)
+        fusermount(&["-u"], path)
     };
-    match result {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy =>
-        {
-            lazy_unmount(path).map(|()| Unmounted::Lazily)
-        }
-        other => other.map(|()| Unmounted::Now),
+    match plain {
+        Ok(()) => Ok(Unmounted::Now),
+        Err(_) if !is_mount_point(path) => Ok(Unmounted::Now),
+        Err(plain) => match lazy_unmount(path) {
+            Ok(()) => Ok(Unmounted::Lazily),
+            Err(_) if !is_mount_point(path) => Ok(Unmounted::Lazily),
+            Err(lazy) => Err(io::Error::new(lazy.kind(), format!("{plain}; then {lazy}"))),
+        },
     }
 }
 

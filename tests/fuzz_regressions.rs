@@ -27,10 +27,10 @@ fn replay(dir: &str, format: Format) -> usize {
             let outcome = std::panic::catch_unwind(|| check_bytes(&data, format, FUZZ_LIMITS));
             let _ = tx.send(outcome.is_ok());
         });
-        match rx.recv_timeout(Duration::from_secs(20)) {
+        match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(true) => {}
             Ok(false) => panic!("{name}: panicked"),
-            Err(_) => panic!("{name}: still running after 20 s (a hang)"),
+            Err(_) => panic!("{name}: still running after 60 s (a hang)"),
         }
         worker.join().unwrap();
         n += 1;

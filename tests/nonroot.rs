@@ -1,52 +1,14 @@
 //! An ordinary user mounts, reads and unmounts through fusermount3, and the watchdog
-//! cleans up after a killed server without root.
+//! cleans up after a killed server without root. Everything the user runs and reads is
+//! staged under /tmp, wherever the checkout is (CI may clone into a private directory).
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
+use common::user::{Stage, Who};
 use common::*;
-
-const USER: &str = "archfs-test";
-
-fn user_ids() -> (u32, u32) {
-    if !Command::new("id")
-        .arg(USER)
-        .output()
-        .unwrap()
-        .status
-        .success()
-    {
-        run_ok(Command::new("useradd").args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            USER,
-        ]));
-    }
-    let id = |flag: &str| -> u32 {
-        String::from_utf8(run_ok(Command::new("id").args([flag, USER])).stdout)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    (id("-u"), id("-g"))
-}
-
-fn as_user(uid: u32, gid: u32, args: &[&std::ffi::OsStr]) -> Output {
-    Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={gid}"))
-        .arg("--clear-groups")
-        .arg("--")
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn mount_line(mnt: &Path) -> Option<String> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -59,27 +21,24 @@ fn mount_line(mnt: &Path) -> Option<String> {
 
 #[test]
 fn an_ordinary_user_mounts_reads_and_unmounts() {
-    let (uid, gid) = user_ids();
-    // /dev/fuse is 0600 on these machines (0666 on ordinary installs).
-    std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
-    let dir = TempDir::new("nonroot");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let who = Who::user();
+    let Who::User { uid, .. } = who else {
+        unreachable!()
+    };
+    let stage = Stage::new("nonroot", who);
+    let dir = &stage.dir;
     let src = dir.join("src");
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("hello.txt"), b"hello from a user mount\n").unwrap();
     let img = dir.join("img.sqfs");
     mksquashfs(&src, &img, &[]);
-    let home = dir.join("home");
-    std::fs::create_dir(&home).unwrap();
-    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    let home = &stage.work;
     let mnt = home.join("mnt");
-    let bin = std::ffi::OsStr::new(archfs_bin());
+    let bin = stage.bin.as_os_str();
+    let as_user =
+        |args: &[&std::ffi::OsStr]| stage.command(args[0]).args(&args[1..]).output().unwrap();
 
-    let out = as_user(
-        uid,
-        gid,
-        &[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()],
-    );
+    let out = as_user(&[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()]);
     assert!(
         out.status.success(),
         "user mount failed: {}",
@@ -94,18 +53,14 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
         line.contains(" - fuse.archfs ") && line.contains(" ro,"),
         "type or options lost on the way through fusermount3: {line}"
     );
-    let out = as_user(
-        uid,
-        gid,
-        &["cat".as_ref(), mnt.join("hello.txt").as_os_str()],
-    );
+    let out = as_user(&["cat".as_ref(), mnt.join("hello.txt").as_os_str()]);
     assert_eq!(
         out.stdout,
         b"hello from a user mount\n",
         "{}",
         stderr_of(&out)
     );
-    let out = as_user(uid, gid, &[bin, "unmount".as_ref(), mnt.as_os_str()]);
+    let out = as_user(&[bin, "unmount".as_ref(), mnt.as_os_str()]);
     assert!(
         out.status.success(),
         "user unmount failed: {}",
@@ -115,29 +70,21 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
     assert!(!mnt.exists(), "created mount point left behind");
 
     // The server dies by SIGKILL: the watchdog unmounts through fusermount3 as the user.
-    let out = as_user(
-        uid,
-        gid,
-        &[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()],
-    );
+    let out = as_user(&[bin, "mount".as_ref(), img.as_os_str(), mnt.as_os_str()]);
     assert!(out.status.success(), "{}", stderr_of(&out));
     let pids = pids_of_mount(&mnt);
     assert_eq!(pids.len(), 1, "server pids {pids:?}");
     // SAFETY: kill has no memory preconditions.
     unsafe { libc::kill(pids[0], libc::SIGKILL) };
     assert!(
-        wait_for(10, || mount_line(&mnt).is_none()),
+        wait_for(60, || mount_line(&mnt).is_none()),
         "stale user mount after SIGKILL"
     );
 
     // A mount point the user may not write: one clear line that says what to do.
     let root_dir = dir.join("root-owned");
     std::fs::create_dir(&root_dir).unwrap();
-    let out = as_user(
-        uid,
-        gid,
-        &[bin, "mount".as_ref(), img.as_os_str(), root_dir.as_os_str()],
-    );
+    let out = as_user(&[bin, "mount".as_ref(), img.as_os_str(), root_dir.as_os_str()]);
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(err.contains("a directory you own"), "{err}");
@@ -154,11 +101,8 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
             .arg("hello.txt"),
     );
     let cache = home.join("cache");
-    let out = Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={gid}"))
-        .args(["--clear-groups", "--"])
-        .arg(bin)
+    let out = stage
+        .command(bin)
         .arg("run")
         .arg(&tar)
         .arg(&mnt)
@@ -177,11 +121,7 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
     let rootmnt = dir.join("rootmnt");
     for (opts, readable) in [(&["-o", "allow_other"][..], true), (&[][..], false)] {
         let m = Mount::new(&img, &rootmnt, opts);
-        let out = as_user(
-            uid,
-            gid,
-            &["cat".as_ref(), m.path.join("hello.txt").as_os_str()],
-        );
+        let out = as_user(&["cat".as_ref(), m.path.join("hello.txt").as_os_str()]);
         assert_eq!(
             out.status.success(),
             readable,
@@ -192,20 +132,16 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
 
     // `archfs run` as the user.
     let script = format!("cat {}/hello.txt", mnt.display());
-    let out = as_user(
-        uid,
-        gid,
-        &[
-            bin,
-            "run".as_ref(),
-            img.as_os_str(),
-            mnt.as_os_str(),
-            "--".as_ref(),
-            "sh".as_ref(),
-            "-c".as_ref(),
-            script.as_ref(),
-        ],
-    );
+    let out = as_user(&[
+        bin,
+        "run".as_ref(),
+        img.as_os_str(),
+        mnt.as_os_str(),
+        "--".as_ref(),
+        "sh".as_ref(),
+        "-c".as_ref(),
+        script.as_ref(),
+    ]);
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(out.stdout, b"hello from a user mount\n");
     assert!(mount_line(&mnt).is_none());

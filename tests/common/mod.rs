@@ -4,6 +4,7 @@
 
 pub mod suite;
 pub mod tree;
+pub mod user;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,12 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
+        TempDir::new_in(&std::env::temp_dir(), tag)
+    }
+
+    pub fn new_in(parent: &Path, tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
+        let p = parent.join(format!(
             "archfs-test-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
@@ -145,9 +150,9 @@ pub fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
-    // The server's command line names the mount point.
-    let mut pids = Vec::new();
+/// Every process's pid and arguments.
+pub fn processes() -> Vec<(i32, Vec<Vec<u8>>)> {
+    let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
             continue;
@@ -155,18 +160,28 @@ pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        let mnt_bytes = mnt.as_os_str().as_encoded_bytes();
-        if args.iter().any(|a| a.ends_with(b"archfs"))
-            && args
-                .iter()
-                .any(|a| *a == b"--ready-fd" || *a == b"-f" || *a == b"--foreground")
-            && args.contains(&mnt_bytes)
-        {
-            pids.push(pid);
-        }
+        out.push((
+            pid,
+            cmdline.split(|&b| b == 0).map(<[u8]>::to_vec).collect(),
+        ));
     }
-    pids
+    out
+}
+
+/// The servers of the mount on `mnt`: their command lines name the mount point.
+pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
+    let mnt = mnt.as_os_str().as_encoded_bytes();
+    processes()
+        .into_iter()
+        .filter(|(_, args)| {
+            args.iter().any(|a| a.ends_with(b"archfs"))
+                && args
+                    .iter()
+                    .any(|a| matches!(&a[..], b"--ready-fd" | b"-f" | b"--foreground"))
+                && args.iter().any(|a| a == mnt)
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 pub fn stderr_of(out: &Output) -> String {
@@ -197,4 +212,24 @@ pub fn server_peak_rss(mnt: &Path) -> u64 {
         .parse()
         .expect("VmHWM in kB");
     kib << 10
+}
+
+/// Sends `sig` to `pid`, which must exist.
+pub fn kill(pid: i32, sig: i32) {
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {pid} {sig}");
+}
+
+/// Processes whose arguments include every one of `needles`.
+pub fn pids_with_args(needles: &[&[u8]]) -> Vec<i32> {
+    processes()
+        .into_iter()
+        .filter(|(_, args)| needles.iter().all(|n| args.iter().any(|a| a == n)))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Watchdog processes of the mount on `mnt`.
+pub fn watchdog_pids(mnt: &Path) -> Vec<i32> {
+    pids_with_args(&[b"__watchdog", mnt.as_os_str().as_encoded_bytes()])
 }

@@ -1,0 +1,688 @@
+//! The life of a mount in a job, top to bottom: `archfs mount` starting a background server
+//! ([`mount_in_background`]), the server itself ([`serve`]), `archfs run` ([`run`]) and
+//! `archfs unmount` ([`unmount`]); then what they share: a live [`Mount`] with its
+//! watchdog process, and the signals.
+//!
+//! Every way a job ends leaves no mount behind:
+//! - SIGTERM, SIGINT or SIGHUP to the server: it unmounts, lazily if files are still open;
+//! - the server killed (SIGKILL, a crash, the OOM killer): its watchdog process sees the
+//!   pipe from the server close and detaches the mount;
+//! - the server and its watchdog killed together: the next mount on the path recovers it;
+//! - under `run`, the command ending in any way: `run` unmounts once it has ended, and
+//!   meanwhile passes signals on to it, like an init wrapper (tini, dumb-init).
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, Session, SessionACL};
+
+use crate::archive::{self, Archive};
+use crate::cache::CacheConfig;
+use crate::fuse::ArchFs;
+use crate::fuse_mount;
+use crate::mountpoint::{self, MountId, Prepared};
+use crate::preload::{self, Trigger};
+use crate::vfs::Vfs;
+
+/// What to mount and how; the command line fills it in.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub archives: Vec<PathBuf>,
+    pub mountpoint: PathBuf,
+    /// Bytes of decoded SquashFS blocks kept in memory.
+    pub cache_size: u64,
+    /// FUSE request threads.
+    pub threads: usize,
+    pub allow_other: bool,
+    pub recursive: bool,
+    /// Where a tar archive's index is kept (default: beside it, or the cache dir).
+    pub index: Option<PathBuf>,
+    pub preload: Preload,
+    pub debug: bool,
+}
+
+/// When `--preload` streams the archives into the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preload {
+    /// Once reads show an epoch (see [`preload::Trigger`]).
+    Auto,
+    /// As soon as the mount is live.
+    Always,
+    Never,
+}
+
+/// Signals that end a server: it unmounts and exits 0.
+const ENDING: [i32; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Signals a server takes and ignores. `sbatch --signal`, `scancel --signal` and
+/// requeue helpers send SIGUSR1/SIGUSR2 to every process of a job so the training code
+/// can checkpoint; their default action would kill the server and the mount under it.
+const IGNORED: [i32; 2] = [libc::SIGUSR1, libc::SIGUSR2];
+
+/// Signals `run` passes on to the command, as tini does: all that ask a program to do
+/// something, not those that report its own faults or stop it at a terminal.
+const FORWARDED: [i32; 9] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGTERM,
+    libc::SIGCONT,
+    libc::SIGWINCH,
+];
+
+/// `archfs mount` without `--foreground`: runs this same command line again as the
+/// server, in a session of its own, and returns once it reports the mount live (or
+/// fails with its error).
+pub fn mount_in_background() -> Result<(), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("cannot create a pipe: {e}"));
+    }
+    // SAFETY: pipe2 just returned these descriptors to us.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find archfs itself: {e}"))?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(std::env::args_os().skip(1))
+        .args(["--ready-fd", "3"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // The server keeps our stderr until the mount is ready (progress bars, warnings),
+    // then switches to --log or /dev/null.
+    let wfd = write_end.as_raw_fd();
+    // SAFETY: dup2 and setsid are async-signal-safe. Its own session keeps a terminal's
+    // Ctrl-C and hang-up away from the server; `archfs unmount` or a signal ends it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wfd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut server = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the server {}: {e}", exe.display()))?;
+    drop(write_end);
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut reader = std::fs::File::from(read_end);
+    while let Ok(1) = reader.read(&mut byte) {
+        if byte[0] == b'\n' {
+            break;
+        }
+        reply.push(byte[0]);
+    }
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    if reply == "ok" {
+        return Ok(());
+    }
+    let status = server.wait();
+    match reply.strip_prefix("error: ") {
+        Some(msg) => Err(msg.to_string()),
+        None => Err(format!(
+            "the server exited ({}) before the mount was ready; run with --foreground \
+             --debug to see why",
+            status.map_or_else(|e| e.to_string(), |s| s.to_string())
+        )),
+    }
+}
+
+/// The server, in the foreground or started by [`mount_in_background`] (`ready_fd`):
+/// mounts, serves until an ending signal or an unmount from outside, then cleans up.
+pub fn serve(s: &Settings, log: Option<&Path>, ready_fd: Option<i32>) -> Result<ExitCode, String> {
+    let handled: Vec<i32> = ENDING.iter().chain(&IGNORED).copied().collect();
+    block_signals(&handled);
+    init_logging(s.debug, log.is_some());
+    let mut ready = Ready::new(ready_fd);
+    // With --log everything goes there; without, a background server shows startup
+    // warnings and progress on the terminal, then goes quiet once the mount is ready.
+    if log.is_some() {
+        redirect_stderr(log)?;
+    }
+    let (tx, rx) = channel();
+    watch_signals(&handled, tx.clone());
+    let mount = open_and_mount(s, tx);
+    let (mut mount, plan) = match mount {
+        Ok(m) => m,
+        Err(msg) if ready_fd.is_some() => {
+            // The parent prints it.
+            ready.send(&format!("error: {msg}"));
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(msg) => return Err(msg),
+    };
+    ready.send("ok");
+    if ready_fd.is_some() && log.is_none() {
+        redirect_stderr(None)?;
+    }
+    if let Some(plan) = plan {
+        plan.start();
+    }
+    loop {
+        match rx.recv() {
+            Ok(Event::Signal { signo, .. }) if IGNORED.contains(&signo) => {
+                tracing::info!("signal {signo} ignored: the mount stays");
+            }
+            Ok(Event::Signal { signo, .. }) => {
+                tracing::info!("signal {signo}: unmounting {}", mount.path().display());
+                mount.unmount()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(Event::Unmounted) | Err(_) => {
+                mount.finish();
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(Event::Exited(_)) => {}
+        }
+    }
+}
+
+/// `archfs run`: mounts, runs the command, passes signals on to it, and unmounts once it
+/// has ended; the exit status is the command's, 128+N if signal N ended it, 127 if it
+/// was not found and 126 if it could not be run.
+pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
+    block_signals(&FORWARDED);
+    init_logging(s.debug, false);
+    let (tx, rx) = channel();
+    watch_signals(&FORWARDED, tx.clone());
+    let (mount, plan) = open_and_mount(s, tx.clone())?;
+    if let Some(plan) = plan {
+        plan.start();
+    }
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    // SAFETY: reset_signals only calls sigaction and sigprocmask, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            reset_signals();
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            mount.unmount()?;
+            let name = command[0].to_string_lossy();
+            eprintln!("archfs: cannot run {name}: {e}");
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Ok(ExitCode::from(code));
+        }
+    };
+    let pid = child.id() as i32;
+    std::thread::Builder::new()
+        .name("archfs-wait".into())
+        .spawn(move || {
+            if let Ok(status) = child.wait() {
+                let _ = tx.send(Event::Exited(status));
+            }
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    let status = loop {
+        match rx.recv() {
+            // A terminal's Ctrl-C or hang-up reached the command already: it is in the
+            // same foreground process group.
+            Ok(Event::Signal {
+                signo,
+                from_process,
+            }) => {
+                if from_process {
+                    // SAFETY: kill has no memory preconditions; pid is our unreaped child.
+                    unsafe { libc::kill(pid, signo) };
+                }
+            }
+            Ok(Event::Unmounted) => tracing::warn!(
+                "{} was unmounted while the command runs",
+                mount.path().display()
+            ),
+            Ok(Event::Exited(status)) => break status,
+            Err(_) => return Err("lost track of the command".into()),
+        }
+    };
+    mount.unmount()?;
+    Ok(ExitCode::from(exit_code(status)))
+}
+
+/// A shell's view of how a process ended: its code, or 128+N for signal N.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+        _ => 1,
+    }
+}
+
+/// `archfs unmount`: unmounts (lazily if files are open) and, when that took effect at
+/// once, waits for the server to exit, so the mount point it created is gone on return.
+pub fn unmount(mountpoint: &Path) -> Result<(), String> {
+    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
+    if !mountpoint::is_mount_point(&path) {
+        return Err(format!("{} is not mounted", path.display()));
+    }
+    let servers = mountpoint::servers_of(&path);
+    let how = mountpoint::unmount(&path)
+        .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
+    // After a lazy unmount the server exits when the last open file is closed.
+    if how == mountpoint::Unmounted::Now {
+        mountpoint::wait_for_exit(&servers, Duration::from_secs(5));
+    }
+    Ok(())
+}
+
+/// Opens the archives and mounts them; also what `--preload=always` will read.
+fn open_and_mount(
+    s: &Settings,
+    events: Sender<Event>,
+) -> Result<(Mount, Option<preload::Plan>), String> {
+    if s.index.is_some() && s.archives.len() > 1 {
+        return Err(
+            "--index names the index of one archive; with several, each keeps its own".into(),
+        );
+    }
+    let cache = CacheConfig {
+        total_bytes: s.cache_size,
+    };
+    let options = archive::OpenOptions {
+        recursive: s.recursive,
+        index: s.index.clone(),
+    };
+    let archive = archive::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
+    tracing::info!("{}: {}", s.archives[0].display(), archive.format());
+    // `always` decides what fits (and warns) before the mount goes live, while the
+    // terminal still shows warnings.
+    let (trigger, plan) = match s.preload {
+        Preload::Never => (None, None),
+        Preload::Auto => (Some(Arc::new(Trigger::new(archive.extents()))), None),
+        Preload::Always => {
+            let plan = preload::Plan::new(archive.extents(), preload::available_memory());
+            if let Some(why) = &plan.skipped {
+                tracing::warn!("{why}");
+            }
+            (None, Some(plan))
+        }
+    };
+    let mount = Mount::new(archive, s, trigger, events)?;
+    Ok((mount, plan))
+}
+
+/// Something a serving loop reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A handled signal; `from_process` is false when the kernel sent it for a terminal
+    /// (Ctrl-C, hang-up): the whole foreground process group got it already.
+    Signal { signo: i32, from_process: bool },
+    /// The FUSE session ended: someone unmounted the filesystem.
+    Unmounted,
+    /// The command under `run` ended.
+    Exited(ExitStatus),
+}
+
+/// A live mount served by threads of this process, with its watchdog.
+pub struct Mount {
+    prepared: Prepared,
+    watchdog: Option<Watchdog>,
+}
+
+impl Mount {
+    /// Mounts `archive` on `s.mountpoint` and starts serving it; `events` gets
+    /// `Event::Unmounted` when the filesystem is unmounted from outside.
+    pub fn new(
+        archive: Arc<dyn Archive>,
+        s: &Settings,
+        trigger: Option<Arc<Trigger>>,
+        events: Sender<Event>,
+    ) -> Result<Mount, String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err(
+                "/dev/fuse is missing: this machine has no FUSE support loaded \
+                        (ask the administrator to `modprobe fuse`)"
+                    .into(),
+            );
+        }
+        if !mountpoint::is_root() && which("fusermount3").is_none() && which("fusermount").is_none()
+        {
+            return Err(
+                "fusermount3 is not installed, and ordinary users need it to mount FUSE \
+                 filesystems; install the fuse3 package"
+                    .into(),
+            );
+        }
+        let fsname = std::fs::canonicalize(&s.archives[0])
+            .unwrap_or_else(|_| s.archives[0].clone())
+            .to_string_lossy()
+            .replace([',', ' '], "_");
+        let mut config = Config::default();
+        config.n_threads = Some(s.threads.max(1));
+        config.clone_fd = true;
+        let acl = if s.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        // A second try covers the mount point vanishing between the checks and mount(2):
+        // the server of a previous mount removing the directory it had created.
+        let mut attempt = 0;
+        let (session, prepared, mut watchdog) = loop {
+            let prepared = mountpoint::prepare(&s.mountpoint)?;
+            let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
+                .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
+            let fs = ArchFs::new(Vfs::new(archive.clone(), trigger.clone()));
+            let session =
+                fuse_mount::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
+                    Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
+                        let _ = mountpoint::lazy_unmount(&prepared.path);
+                    })
+                });
+            match session {
+                Ok(session) => break (session, prepared, watchdog),
+                Err(e) => {
+                    watchdog.disarm();
+                    if prepared.created {
+                        let _ = std::fs::remove_dir(&prepared.path);
+                    }
+                    attempt += 1;
+                    if attempt < 2 && e.kind() == std::io::ErrorKind::NotFound {
+                        continue;
+                    }
+                    return Err(explain_mount_error(&prepared.path, s.allow_other, e));
+                }
+            }
+        };
+        watchdog.arm();
+        std::thread::Builder::new()
+            .name("archfs-session".into())
+            .spawn(move || {
+                if let Err(e) = session.run() {
+                    tracing::error!("FUSE session ended with an error: {e}");
+                }
+                let _ = events.send(Event::Unmounted);
+            })
+            .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
+        Ok(Mount {
+            prepared,
+            watchdog: Some(watchdog),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.prepared.path
+    }
+
+    /// Unmounts (lazily if files are still open), stops the watchdog and removes the
+    /// mount point if it was created for this mount.
+    pub fn unmount(mut self) -> Result<(), String> {
+        let path = self.prepared.path.clone();
+        let result = mountpoint::unmount(&path).map(drop).map_err(|e| {
+            format!(
+                "cannot unmount {}: {e}; try `fusermount3 -u -z {}`",
+                path.display(),
+                path.display()
+            )
+        });
+        self.finish();
+        result
+    }
+
+    /// The filesystem is unmounted: stop the watchdog (which detaches the mount itself if
+    /// it is somehow still there) and remove a mount point made for it.
+    fn finish(&mut self) {
+        if let Some(w) = self.watchdog.take() {
+            w.disarm();
+        }
+        if self.prepared.created {
+            let _ = std::fs::remove_dir(&self.prepared.path);
+        }
+    }
+}
+
+fn explain_mount_error(path: &Path, allow_other: bool, e: std::io::Error) -> String {
+    let msg = e.to_string().trim().replace('\n', " ");
+    let hint = if allow_other && !mountpoint::is_root() {
+        " (allow_other needs `user_allow_other` in /etc/fuse.conf)"
+    } else if msg.contains("no write access") {
+        "; mount on a directory you own, e.g. /dev/shm/$USER/mnt"
+    } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+        " (you may not use /dev/fuse here: check its permissions or ask the administrator)"
+    } else {
+        ""
+    };
+    format!("cannot mount on {}: {msg}{hint}", path.display())
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| p.is_file())
+}
+
+/// A separate process that detaches the mount when the server is gone and the mount is
+/// still there: after SIGKILL, a crash or the OOM killer, or a failed unmount. It works
+/// for ordinary users, who cannot use fuse's auto_unmount without allow_other.
+///
+/// Protocol on its stdin: `m` once the mount is live (the watchdog notes which mount it
+/// is), `x` when the server is done; end of input without `x` means the server died.
+struct Watchdog {
+    stdin: ChildStdin,
+    child: Child,
+}
+
+impl Watchdog {
+    /// Started before mounting so it cannot inherit the /dev/fuse descriptor (it would
+    /// keep a dead server's connection alive).
+    fn spawn(path: &Path, remove_dir: bool) -> std::io::Result<Watchdog> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("__watchdog").arg(path);
+        if remove_dir {
+            cmd.arg("--remove-dir");
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: setsid is async-signal-safe; a session of its own keeps the terminal's
+        // Ctrl-C and the job's process-group signals away from the watchdog.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        Ok(Watchdog { stdin, child })
+    }
+
+    fn arm(&mut self) {
+        let _ = self.stdin.write_all(b"m");
+    }
+
+    fn disarm(mut self) {
+        let _ = self.stdin.write_all(b"x");
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
+
+/// The watchdog process (`archfs __watchdog PATH`): waits for the server to finish or
+/// die, then detaches the mount it was armed with if that mount is still there.
+pub fn watchdog_main(path: &Path, remove_dir: bool) -> ExitCode {
+    // Only the server's end decides; a job's signals are for the server.
+    for s in ENDING.iter().chain(&IGNORED).chain(&[libc::SIGQUIT]) {
+        // SAFETY: ignoring a signal has no preconditions.
+        unsafe {
+            libc::signal(*s, libc::SIG_IGN);
+        }
+    }
+    let mut mount: Option<MountId> = None;
+    let mut byte = [0u8; 1];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut byte) {
+            Ok(1) if byte[0] == b'm' => mount = mountpoint::entry(path),
+            Ok(1) if byte[0] == b'x' => break,
+            Ok(1) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    if mount.is_some_and(|id| mountpoint::is_live(path, &id))
+        && mountpoint::lazy_unmount(path).is_ok()
+        && remove_dir
+    {
+        let _ = std::fs::remove_dir(path);
+    }
+    ExitCode::SUCCESS
+}
+
+fn sigset(signals: &[i32]) -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a plain sigset_t.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks `signals` in this thread and every thread it starts later, so only
+/// [`watch_signals`] takes them; call it before any thread exists.
+fn block_signals(signals: &[i32]) {
+    let set = sigset(signals);
+    // SAFETY: set is initialised; a null old-set pointer is allowed.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Delivers the blocked `signals` as events, with whether a process sent them.
+fn watch_signals(signals: &[i32], events: Sender<Event>) {
+    let set = sigset(signals);
+    std::thread::Builder::new()
+        .name("archfs-signals".into())
+        .spawn(move || loop {
+            // SAFETY: info is plain data the kernel fills in; set is initialised.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let signo = unsafe { libc::sigwaitinfo(&set, &mut info) };
+            if signo < 0 {
+                continue;
+            }
+            let from_process = matches!(
+                info.si_code,
+                libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL
+            );
+            let event = Event::Signal {
+                signo,
+                from_process,
+            };
+            if events.send(event).is_err() {
+                return;
+            }
+        })
+        .expect("spawn the signal thread");
+}
+
+/// In the command's process, between fork and exec: an empty signal mask and the
+/// default action for every signal, whatever `run` blocked or inherited ignored (a
+/// shell starts background jobs with SIGINT and SIGQUIT ignored). Exec keeps both.
+fn reset_signals() {
+    // The kernel's sigaction, all zero: SIG_DFL, no flags, an empty mask. Called raw
+    // because glibc refuses the signals it reserves (32, 33), which can still arrive
+    // ignored from a parent (seen under cargo-nextest).
+    let dfl = [0u64; 4];
+    for sig in 1..=64 {
+        // SAFETY: rt_sigaction reads `dfl` (large enough for the kernel's struct, 8-byte
+        // mask) and writes nothing; it is async-signal-safe. SIGKILL and SIGSTOP refuse.
+        unsafe {
+            libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
+        }
+    }
+    let empty = sigset(&[]);
+    // SAFETY: an initialised empty set; sigprocmask is async-signal-safe.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };
+}
+
+/// Tells the parent of a background server whether the mount came up.
+struct Ready(Option<std::fs::File>);
+
+impl Ready {
+    fn new(fd: Option<i32>) -> Ready {
+        Ready(fd.map(|fd| {
+            // SAFETY: the parent passed this descriptor to us for exactly this purpose.
+            let f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            // Children (the watchdog) must not hold it open, or the parent waits on them.
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            f
+        }))
+    }
+
+    fn send(&mut self, line: &str) {
+        if let Some(mut f) = self.0.take() {
+            // One line: the parent reads up to the first newline.
+            let _ = f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes());
+        }
+    }
+}
+
+/// `to_file`: stderr is about to go to a --log file, so no colour codes.
+fn init_logging(debug: bool, to_file: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!to_file && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+/// Points stderr (and so the log) at `path`, or at /dev/null.
+fn redirect_stderr(path: Option<&Path>) -> Result<(), String> {
+    let target = match path {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map_err(|e| format!("cannot open log file {}: {e}", p.display()))?,
+        None => std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| format!("cannot open /dev/null: {e}"))?,
+    };
+    // SAFETY: both descriptors are open; dup2 replaces fd 2 atomically.
+    unsafe { libc::dup2(target.as_raw_fd(), 2) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_read_as_a_shell_reports_them() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGTERM)), 143);
+    }
+}

@@ -1,0 +1,452 @@
+//! Every way a job ends leaves no mount behind, as root and as an ordinary user, with
+//! files held open under the mount, and `archfs run` treats a Python training script as
+//! an init wrapper should: a clean signal state, every signal passed on, its exit status
+//! returned, the mount there until it has ended.
+//!
+//! The promise is "gone within 2 s"; the tests wait on events up to [`DEADLINE`] so they
+//! pass on a busy machine, and print how long each ending took.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::Instant;
+
+use common::user::{MemoryCgroup, Stage, Who, PYTHON};
+use common::*;
+
+const DEADLINE: u64 = 60;
+
+/// Two tests of `check`: as root, and as an ordinary user.
+macro_rules! as_root_and_as_a_user {
+    ($check:ident) => {
+        mod $check {
+            #[test]
+            fn as_root() {
+                super::$check(super::Who::Root);
+            }
+
+            #[test]
+            fn as_an_ordinary_user() {
+                super::$check(super::Who::user());
+            }
+        }
+    };
+}
+
+/// A staged image, mount point and training script for one actor.
+struct Job {
+    stage: Stage,
+    img: PathBuf,
+    mnt: PathBuf,
+    log: PathBuf,
+    script: PathBuf,
+}
+
+impl Job {
+    fn new(tag: &str, who: Who) -> Job {
+        let stage = Stage::new(&format!("{tag}-{}", who.name()), who);
+        let src = stage.dir.join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
+        std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+        let img = stage.dir.join("small.sqfs");
+        mksquashfs(&src, &img, &[]);
+        let script =
+            stage.place(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/train.py"));
+        Job {
+            img,
+            // Made by archfs, as the actor, and removed again.
+            mnt: stage.work.join("mnt"),
+            log: stage.work.join("train.log"),
+            script,
+            stage,
+        }
+    }
+
+    fn who(&self) -> &'static str {
+        self.stage.who.name()
+    }
+
+    /// `archfs mount` in the background; the server's pid.
+    fn mount(&self) -> i32 {
+        let out = self
+            .stage
+            .archfs()
+            .arg("mount")
+            .arg("--log")
+            .arg(self.stage.work.join("server.log"))
+            .arg(&self.img)
+            .arg(&self.mnt)
+            .env("ARCHFS_LOG", "info")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: mount: {}",
+            self.who(),
+            stderr_of(&out)
+        );
+        let pids = pids_of_mount(&self.mnt);
+        assert_eq!(pids.len(), 1, "{}: one server: {pids:?}", self.who());
+        pids[0]
+    }
+
+    /// A process of the actor's that holds a file under the mount open, as a DataLoader
+    /// worker does, until dropped.
+    fn hold(&self) -> Holder {
+        let mut child = self
+            .stage
+            .command(PYTHON)
+            .args([
+                "-c",
+                "import sys,time; f=open(sys.argv[1],'rb'); f.read(1); \
+                 print('holding', flush=True); time.sleep(3600)",
+            ])
+            .arg(self.mnt.join("sub/big.bin"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line,
+            "holding\n",
+            "{}: the holder could not open a file",
+            self.who()
+        );
+        Holder(child)
+    }
+
+    /// Waits until the mount is gone, and says how long that took.
+    fn gone(&self, since: Instant, what: &str) {
+        assert!(
+            wait_for(DEADLINE, || !is_mounted(&self.mnt)),
+            "{}: {what}: the mount is still there",
+            self.who()
+        );
+        eprintln!(
+            "{}: {what}: mount gone after {:.3} s",
+            self.who(),
+            since.elapsed().as_secs_f64()
+        );
+        assert!(
+            wait_for(DEADLINE, || watchdog_pids(&self.mnt).is_empty()),
+            "{}: {what}: the watchdog outlived the mount",
+            self.who()
+        );
+    }
+
+    /// The actor reads a file through the mount.
+    fn assert_readable(&self) {
+        let out = self
+            .stage
+            .command("cat")
+            .arg(self.mnt.join("hello.txt"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.stdout,
+            b"hello archfs\n",
+            "{}: {}",
+            self.who(),
+            stderr_of(&out)
+        );
+    }
+
+    /// `archfs run IMG MNT -- python3 train.py MNT LOG HOW`.
+    fn run(&self, how: &str) -> Child {
+        let _ = std::fs::remove_file(&self.log);
+        self.stage
+            .archfs()
+            .arg("run")
+            .arg(&self.img)
+            .arg(&self.mnt)
+            .args(["--", PYTHON])
+            .arg(&self.script)
+            .arg(&self.mnt)
+            .arg(&self.log)
+            .arg(how)
+            .spawn()
+            .unwrap()
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn wait_log(&self, line: &str) {
+        assert!(
+            wait_for(DEADLINE, || self.log_lines().iter().any(|l| l == line)),
+            "{}: the script never logged {line:?}: {:?}",
+            self.who(),
+            self.log_lines()
+        );
+    }
+
+    /// The pid the script logged under `key` (`pid`, `worker`).
+    fn logged_pid(&self, key: &str) -> i32 {
+        self.log_lines()
+            .iter()
+            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {:?}", self.log_lines()))
+    }
+
+    /// Ends the processes the script left behind (its worker, or itself).
+    fn reap(&self) {
+        for key in ["worker ", "pid "] {
+            if let Some(pid) = self
+                .log_lines()
+                .iter()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse::<i32>().ok())
+            {
+                // SAFETY: kill has no memory preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.reap();
+    }
+}
+
+fn wait(child: &mut Child) -> ExitStatus {
+    let end = Instant::now() + std::time::Duration::from_secs(DEADLINE);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < end, "the process did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn server_endings(who: Who) {
+    let j = Job::new("server", who);
+    for (name, sig) in [
+        ("SIGTERM", libc::SIGTERM),
+        ("SIGINT", libc::SIGINT),
+        ("SIGHUP", libc::SIGHUP),
+        ("SIGKILL", libc::SIGKILL),
+    ] {
+        let server = j.mount();
+        let holder = j.hold();
+        let t = Instant::now();
+        kill(server, sig);
+        j.gone(t, &format!("{name} to the server, a file held open"));
+        assert!(
+            wait_for(DEADLINE, || !j.mnt.exists()),
+            "{}: {name}: the mount point archfs created is still there",
+            j.who()
+        );
+        drop(holder);
+    }
+
+    // SIGUSR1/SIGUSR2 are for the training code's checkpoints: the mount stays.
+    let server = j.mount();
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        kill(server, sig);
+        let log = j.stage.work.join("server.log");
+        assert!(
+            wait_for(DEADLINE, || std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains(&format!("signal {sig} ignored"))),
+            "{}: signal {sig} never reached the server",
+            j.who()
+        );
+    }
+    j.assert_readable();
+
+    // The server and its watchdog SIGKILLed together (a job's cgroup killed): the mount is
+    // left stale, and the next mount on the path recovers it.
+    let holder = j.hold();
+    for pid in watchdog_pids(&j.mnt) {
+        kill(pid, libc::SIGKILL);
+    }
+    kill(server, libc::SIGKILL);
+    assert!(wait_for(DEADLINE, || pids_of_mount(&j.mnt).is_empty()));
+    let out = j.stage.command("stat").arg(&j.mnt).output().unwrap();
+    assert!(
+        stderr_of(&out).contains("not connected"),
+        "{}: expected a stale mount: {}",
+        j.who(),
+        stderr_of(&out)
+    );
+    let server = j.mount();
+    j.assert_readable();
+    drop(holder);
+    let t = Instant::now();
+    kill(server, libc::SIGTERM);
+    j.gone(t, "SIGTERM after recovering a stale mount");
+}
+
+as_root_and_as_a_user!(server_endings);
+
+/// Every signal sent to `run` reaches the Python command, which handles it while the
+/// mount is still there; SIGTERM ends it with its own status.
+fn run_passes_signals_on(who: Who) {
+    let j = Job::new("runsig", who);
+    let mut run = j.run("wait");
+    j.wait_log("ready readable True");
+    assert!(
+        j.log_lines()
+            .contains(&"blocked 0000000000000000".to_string()),
+        "{}: the command started with signals blocked: {:?}",
+        j.who(),
+        j.log_lines()
+    );
+    for (name, sig) in [
+        ("SIGHUP", libc::SIGHUP),
+        ("SIGINT", libc::SIGINT),
+        ("SIGQUIT", libc::SIGQUIT),
+        ("SIGUSR1", libc::SIGUSR1),
+        ("SIGUSR2", libc::SIGUSR2),
+        ("SIGCONT", libc::SIGCONT),
+        ("SIGALRM", libc::SIGALRM),
+        ("SIGWINCH", libc::SIGWINCH),
+    ] {
+        kill(run.id() as i32, sig);
+        j.wait_log(&format!("signal {name} readable True"));
+    }
+    let t = Instant::now();
+    kill(run.id() as i32, libc::SIGTERM);
+    let status = wait(&mut run);
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "{}: the command's own status",
+        j.who()
+    );
+    assert!(j
+        .log_lines()
+        .contains(&"signal SIGTERM readable True".to_string()));
+    j.gone(t, "SIGTERM to run, a worker holding a file");
+    assert!(wait_for(DEADLINE, || !j.mnt.exists()));
+}
+
+as_root_and_as_a_user!(run_passes_signals_on);
+
+/// However the command ends, `run` returns its status as a shell reports it and leaves
+/// no mount, though a worker of the command still holds a file open.
+fn run_endings(who: Who) {
+    let j = Job::new("runend", who);
+    for (how, code) in [("exit0", 0), ("exit3", 3), ("abort", 128 + libc::SIGABRT)] {
+        let mut run = j.run(how);
+        let status = wait(&mut run);
+        assert_eq!(
+            status.code(),
+            Some(code),
+            "{}: {how}: {:?}",
+            j.who(),
+            j.log_lines()
+        );
+        let t = Instant::now();
+        j.gone(t, &format!("command {how}, a worker holding a file"));
+        j.reap();
+    }
+
+    // SIGKILL of the command.
+    let mut run = j.run("sleep");
+    j.wait_log("ready readable True");
+    kill(j.logged_pid("pid "), libc::SIGKILL);
+    let status = wait(&mut run);
+    assert_eq!(status.code(), Some(128 + libc::SIGKILL), "{}", j.who());
+    j.gone(Instant::now(), "command SIGKILLed");
+    j.reap();
+
+    // The kernel's OOM killer ends the command.
+    let cgroup = MemoryCgroup::new(&format!("oom-{}", j.who()), 96 << 20);
+    let mut run = j.run("oom");
+    j.wait_log("ready readable True");
+    cgroup.add(j.logged_pid("pid "));
+    std::fs::write(j.stage.work.join("go"), b"").unwrap();
+    let status = wait(&mut run);
+    std::fs::remove_file(j.stage.work.join("go")).unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGKILL), "{}", j.who());
+    assert!(cgroup.oom_kills() >= 1, "{}: not the OOM killer", j.who());
+    j.gone(Instant::now(), "command OOM-killed");
+    j.reap();
+
+    // `run` itself SIGKILLed: the watchdog detaches the mount under the running command.
+    let mut run = j.run("sleep");
+    j.wait_log("ready readable True");
+    let t = Instant::now();
+    kill(run.id() as i32, libc::SIGKILL);
+    wait(&mut run);
+    j.gone(t, "run SIGKILLed, the command still running");
+    j.reap();
+
+    // A command that cannot be run: 127, as a shell says, and no mount.
+    let out = j
+        .stage
+        .archfs()
+        .arg("run")
+        .arg(&j.img)
+        .arg(&j.mnt)
+        .args(["--", "/no/such/command"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("cannot run /no/such/command"));
+    assert!(!is_mounted(&j.mnt));
+}
+
+as_root_and_as_a_user!(run_endings);
+
+/// `run` started as a shell starts a background job (SIGINT and SIGQUIT ignored), with
+/// SIGTERM blocked as well, still gives its command an empty mask and default actions.
+#[test]
+fn run_gives_the_command_a_clean_signal_state() {
+    for who in [Who::Root, Who::user()] {
+        let j = Job::new("runclean", who);
+        let mut cmd = j.stage.archfs();
+        cmd.arg("run")
+            .arg(&j.img)
+            .arg(&j.mnt)
+            .args(["--", "cat", "/proc/self/status"]);
+        // SAFETY: signal and sigprocmask are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let status = String::from_utf8(out.stdout).unwrap();
+        for key in ["SigBlk:", "SigIgn:"] {
+            let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+            assert!(
+                line.ends_with("0000000000000000"),
+                "{}: the command started with {line}",
+                who.name()
+            );
+        }
+        assert!(!is_mounted(&j.mnt));
+    }
+}
