@@ -158,21 +158,23 @@ impl Job {
         );
     }
 
-    /// `archfs run IMG MNT -- python3 train.py MNT LOG HOW`.
+    /// `archfs run IMG MNT -- python3 train.py MNT LOG HOW`, started.
     fn run(&self, how: &str) -> Child {
+        self.command_for_run(how).spawn().unwrap()
+    }
+
+    fn command_for_run(&self, how: &str) -> std::process::Command {
         let _ = std::fs::remove_file(&self.log);
-        self.stage
-            .archfs()
-            .arg("run")
+        let mut cmd = self.stage.archfs();
+        cmd.arg("run")
             .arg(&self.img)
             .arg(&self.mnt)
             .args(["--", PYTHON])
             .arg(&self.script)
             .arg(&self.mnt)
             .arg(&self.log)
-            .arg(how)
-            .spawn()
-            .unwrap()
+            .arg(how);
+        cmd
     }
 
     fn log_lines(&self) -> Vec<String> {
@@ -450,3 +452,58 @@ fn run_gives_the_command_a_clean_signal_state() {
         assert!(!is_mounted(&j.mnt));
     }
 }
+
+/// Ctrl-C at a terminal reaches the command (it had SIGINT blocked before), and the mount
+/// stays until it has ended. `run` does not pass the terminal's SIGINT on again; the count
+/// below catches a second one only if it arrives after the first was handled.
+fn ctrl_c_at_a_terminal_reaches_the_command(who: Who) {
+    let j = Job::new("ctrlc", who);
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two descriptors; null name, termios and size are allowed.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: openpty just returned these descriptors to us.
+    let (master, slave): (std::fs::File, std::os::fd::OwnedFd) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::fs::File::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    };
+    let mut cmd = j.command_for_run("wait");
+    cmd.stdin(Stdio::from(slave));
+    // SAFETY: setsid and ioctl are async-signal-safe. A session of its own with the pty
+    // as its terminal makes `run` and its command the terminal's foreground group.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut run = cmd.spawn().unwrap();
+    j.wait_log("ready readable True");
+    std::io::Write::write_all(&mut &master, b"\x03").unwrap();
+    j.wait_log("signal SIGINT readable True");
+    kill(run.id() as i32, libc::SIGTERM);
+    assert_eq!(wait(&mut run).code(), Some(7), "{}", j.who());
+    let sigints = j
+        .log_lines()
+        .iter()
+        .filter(|l| l.starts_with("signal SIGINT"))
+        .count();
+    assert_eq!(sigints, 1, "{}: {:?}", j.who(), j.log_lines());
+    assert!(!is_mounted(&j.mnt));
+}
+
+as_root_and_as_a_user!(ctrl_c_at_a_terminal_reaches_the_command);
