@@ -138,9 +138,11 @@ impl Plan {
         // 10,000 members while the preload ran took 0.18-0.24 s at normal priority and
         // 0.14-0.20 s at nice 10 (0.04-0.05 s without a preload); page-cache insertion
         // in the kernel, not scheduling, is most of that cost.
-        // SAFETY: setpriority on this thread's id has no memory preconditions.
+        // SAFETY: setpriority on this thread's id has no memory preconditions. The raw
+        // syscall, as gettid(3) is newer than glibc 2.17, the oldest the wheel supports.
         unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 10);
         }
         let started = Instant::now();
         let mut files = Vec::new();
