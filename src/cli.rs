@@ -28,17 +28,23 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Mount an archive; returns once the mount is live, the server runs on in the background.
-    #[command(override_usage = "archfs mount [OPTIONS] ARCHIVE... MOUNTPOINT")]
+    /// Mount archives; returns once the mount is live, the server runs on in the background.
+    #[command(
+        override_usage = "archfs mount [OPTIONS] ARCHIVE... MOUNTPOINT\n       \
+                                archfs mount [OPTIONS] ARCHIVE    (prints the mount point it chose)"
+    )]
     Mount(MountArgs),
     /// Unmount a mount point (lazily if files are still open there).
     #[command(alias = "umount")]
     Unmount { mountpoint: PathBuf },
     /// Mount, run a command, unmount when it ends; exits with the command's status.
-    #[command(override_usage = "archfs run [OPTIONS] ARCHIVE... MOUNTPOINT -- COMMAND [ARGS]...")]
+    #[command(
+        override_usage = "archfs run [OPTIONS] ARCHIVE... [MOUNTPOINT] -- COMMAND [ARGS]..."
+    )]
     Run {
-        /// ARCHIVE... MOUNTPOINT, as for `mount`.
-        #[arg(required = true, num_args = 2.., value_name = "PATH")]
+        /// ARCHIVE... MOUNTPOINT, as for `mount`. The command finds the mount point in
+        /// $ARCHFS_MOUNTPOINT too.
+        #[arg(required = true, num_args = 1.., value_name = "PATH")]
         paths: Vec<PathBuf>,
         #[command(flatten)]
         serve: ServeArgs,
@@ -71,11 +77,15 @@ struct MountArgs {
     /// ARCHIVE... MOUNTPOINT: one or more SquashFS images or tar archives (a directory
     /// stands for the archives in it, e.g. WebDataset shards), then the mount point.
     /// Several show as one tree: directories merge, and the archive given last wins for
-    /// any other name.
-    #[arg(required = true, num_args = 2.., value_name = "PATH")]
+    /// any other name. A single PATH is an archive, mounted as with --auto-mountpoint.
+    #[arg(required = true, num_args = 1.., value_name = "PATH")]
     paths: Vec<PathBuf>,
     #[command(flatten)]
     serve: ServeArgs,
+    /// Unmount and exit when process PID ends, however it ends (SIGKILL included): a
+    /// notebook or a training rank that owns the mount.
+    #[arg(long, value_name = "PID")]
+    exit_with: Option<i32>,
     /// Serve in the foreground instead of returning once the mount is live.
     #[arg(short, long)]
     foreground: bool,
@@ -102,6 +112,11 @@ struct ServeArgs {
     /// Log every request and more (to the terminal with --foreground, or to --log).
     #[arg(long)]
     debug: bool,
+    /// Every PATH is an archive: mount on a new job-private, node-local directory
+    /// ($TMPDIR, else /dev/shm, else /tmp; named after $SLURM_JOB_ID) and print its path,
+    /// so a job script can write `MNT=$(archfs mount data.sqfs)`. Removed on unmount.
+    #[arg(long)]
+    auto_mountpoint: bool,
     /// Show tar archives inside a tar archive as directories (named without `.tar`).
     #[arg(long)]
     recursive: bool,
@@ -185,11 +200,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => {
             let s = settings(&args.paths, &args.serve)?;
-            Ok(job::serve(&s, args.log.as_deref(), args.ready_fd)?)
+            let server = job::Server {
+                log: args.log,
+                ready_fd: args.ready_fd,
+                exit_with: args.exit_with,
+            };
+            Ok(job::serve(&s, &server)?)
         }
         Cmd::Mount(args) => {
-            settings(&args.paths, &args.serve)?;
-            job::mount_in_background()?;
+            let s = settings(&args.paths, &args.serve)?;
+            let path = job::mount_in_background()?;
+            if s.auto_mountpoint {
+                println!("{}", path.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Unmount { mountpoint } => {
@@ -307,7 +330,13 @@ fn default_threads() -> usize {
 
 /// What `mount` and `run` were asked for, checked.
 fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
-    let (mountpoint, archives) = paths.split_last().expect("clap requires two");
+    let auto_mountpoint = serve.auto_mountpoint || paths.len() == 1;
+    let (mountpoint, archives) = if auto_mountpoint {
+        (job::default_mountpoint(&paths[0]), paths)
+    } else {
+        let (last, rest) = paths.split_last().expect("clap requires one");
+        (last.clone(), rest)
+    };
     let mut allow_other = false;
     for o in &serve.options {
         match o.as_str() {
@@ -322,7 +351,8 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
     }
     Ok(Settings {
         archives: archives.to_vec(),
-        mountpoint: mountpoint.clone(),
+        mountpoint,
+        auto_mountpoint,
         cache_size: serve.cache_size,
         threads: serve.threads.unwrap_or_else(default_threads),
         allow_other,

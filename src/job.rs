@@ -14,6 +14,7 @@
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
@@ -36,6 +37,8 @@ use crate::vfs::Vfs;
 pub struct Settings {
     pub archives: Vec<PathBuf>,
     pub mountpoint: PathBuf,
+    /// The mount point was chosen by [`default_mountpoint`], not given.
+    pub auto_mountpoint: bool,
     /// Bytes of decoded SquashFS blocks kept in memory.
     pub cache_size: u64,
     /// FUSE request threads.
@@ -56,6 +59,46 @@ pub enum Preload {
     /// As soon as the mount is live.
     Always,
     Never,
+}
+
+/// How the server process runs, beside what it mounts.
+#[derive(Clone, Debug, Default)]
+pub struct Server {
+    /// Where the log goes (default: the terminal in the foreground, else nowhere).
+    pub log: Option<PathBuf>,
+    /// Set when started by [`mount_in_background`]: where to report the mount live.
+    pub ready_fd: Option<i32>,
+    /// Unmount and exit when this process ends.
+    pub exit_with: Option<i32>,
+}
+
+/// A job-private, node-local mount point for a mount of `archive`, not yet made: under
+/// `$TMPDIR`, else /dev/shm, else /tmp (the first that is a writable directory), named
+/// after the SLURM job (or the user), the archive and this process.
+pub fn default_mountpoint(archive: &Path) -> PathBuf {
+    let writable = |d: &Path| {
+        let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else {
+            return false;
+        };
+        // SAFETY: c is a valid NUL-terminated path.
+        d.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
+    };
+    let base = std::env::var_os("TMPDIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(["/dev/shm".into(), "/tmp".into()])
+        .find(|d| writable(d))
+        .unwrap_or_else(|| "/tmp".into());
+    let owner = match std::env::var("SLURM_JOB_ID") {
+        Ok(job) if !job.is_empty() => format!("job{job}"),
+        // SAFETY: getuid has no preconditions.
+        _ => format!("uid{}", unsafe { libc::getuid() }),
+    };
+    let stem = archive
+        .file_stem()
+        .map(|s| s.to_string_lossy().replace(['/', ' '], "_"))
+        .unwrap_or_default();
+    base.join(format!("archfs-{owner}-{stem}-{}", std::process::id()))
 }
 
 /// Signals that end a server: it unmounts and exits 0.
@@ -81,9 +124,9 @@ const FORWARDED: [i32; 9] = [
 ];
 
 /// `archfs mount` without `--foreground`: runs this same command line again as the
-/// server, in a session of its own, and returns once it reports the mount live (or
-/// fails with its error).
-pub fn mount_in_background() -> Result<(), String> {
+/// server, in a session of its own, and returns the mount point once it reports the
+/// mount live (or fails with its error).
+pub fn mount_in_background() -> Result<PathBuf, String> {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -126,10 +169,10 @@ pub fn mount_in_background() -> Result<(), String> {
         }
         reply.push(byte[0]);
     }
-    let reply = String::from_utf8_lossy(&reply).into_owned();
-    if reply == "ok" {
-        return Ok(());
+    if let Some(path) = reply.strip_prefix(b"ok ") {
+        return Ok(PathBuf::from(std::ffi::OsStr::from_bytes(path)));
     }
+    let reply = String::from_utf8_lossy(&reply).into_owned();
     let status = server.wait();
     match reply.strip_prefix("error: ") {
         Some(msg) => Err(msg.to_string()),
@@ -142,8 +185,10 @@ pub fn mount_in_background() -> Result<(), String> {
 }
 
 /// The server, in the foreground or started by [`mount_in_background`] (`ready_fd`):
-/// mounts, serves until an ending signal or an unmount from outside, then cleans up.
-pub fn serve(s: &Settings, log: Option<&Path>, ready_fd: Option<i32>) -> Result<ExitCode, String> {
+/// mounts, serves until an ending signal, the end of its owner (`--exit-with`) or an
+/// unmount from outside, then cleans up.
+pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
+    let (log, ready_fd) = (server.log.as_deref(), server.ready_fd);
     let handled: Vec<i32> = ENDING.iter().chain(&IGNORED).copied().collect();
     block_signals(&handled);
     init_logging(s.debug, log.is_some());
@@ -155,7 +200,11 @@ pub fn serve(s: &Settings, log: Option<&Path>, ready_fd: Option<i32>) -> Result<
     }
     let (tx, rx) = channel();
     watch_signals(&handled, tx.clone());
-    let mount = open_and_mount(s, tx);
+    let mount = match server.exit_with {
+        Some(pid) => watch_owner(pid, tx.clone()),
+        None => Ok(()),
+    }
+    .and_then(|()| open_and_mount(s, tx));
     let (mut mount, plan) = match mount {
         Ok(m) => m,
         Err(msg) if ready_fd.is_some() => {
@@ -165,7 +214,10 @@ pub fn serve(s: &Settings, log: Option<&Path>, ready_fd: Option<i32>) -> Result<
         }
         Err(msg) => return Err(msg),
     };
-    ready.send("ok");
+    ready.send_path(mount.path());
+    if s.auto_mountpoint && ready_fd.is_none() {
+        println!("{}", mount.path().display());
+    }
     if ready_fd.is_some() && log.is_none() {
         redirect_stderr(None)?;
     }
@@ -179,6 +231,11 @@ pub fn serve(s: &Settings, log: Option<&Path>, ready_fd: Option<i32>) -> Result<
             }
             Ok(Event::Signal { signo, .. }) => {
                 tracing::info!("signal {signo}: unmounting {}", mount.path().display());
+                mount.unmount()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(Event::OwnerEnded(pid)) => {
+                tracing::info!("process {pid} ended: unmounting {}", mount.path().display());
                 mount.unmount()?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -204,7 +261,8 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
         plan.start();
     }
     let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]);
+    cmd.args(&command[1..])
+        .env("ARCHFS_MOUNTPOINT", mount.path());
     // SAFETY: reset_signals only calls sigaction and sigprocmask, async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -253,6 +311,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
                 mount.path().display()
             ),
             Ok(Event::Exited(status)) => break status,
+            Ok(Event::OwnerEnded(_)) => {}
             Err(_) => return Err("lost track of the command".into()),
         }
     };
@@ -332,6 +391,8 @@ pub enum Event {
     Unmounted,
     /// The command under `run` ended.
     Exited(ExitStatus),
+    /// The process named by `--exit-with` ended.
+    OwnerEnded(i32),
 }
 
 /// A live mount served by threads of this process, with its watchdog.
@@ -601,6 +662,42 @@ fn watch_signals(signals: &[i32], events: Sender<Event>) {
         .expect("spawn the signal thread");
 }
 
+/// Sends `Event::OwnerEnded` once process `pid` has ended: its pidfd (Linux 5.3+) turns
+/// readable, or, on older kernels, polling sees it gone or a zombie.
+fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
+    let gone = move || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(") ")
+                .is_none_or(|(_, rest)| rest.starts_with('Z'))
+        })
+    };
+    if gone() {
+        return Err(format!("--exit-with {pid}: there is no process {pid}"));
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    std::thread::Builder::new()
+        .name("archfs-owner".into())
+        .spawn(move || {
+            if pidfd >= 0 {
+                let mut p = libc::pollfd {
+                    fd: pidfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: p is one valid pollfd; -1 waits without a timeout.
+                while unsafe { libc::poll(&mut p, 1, -1) } < 0 {}
+            } else {
+                while !gone() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            let _ = events.send(Event::OwnerEnded(pid));
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    Ok(())
+}
+
 /// In the command's process, between fork and exec: an empty signal mask and the
 /// default action for every signal, whatever `run` blocked or inherited ignored (a
 /// shell starts background jobs with SIGINT and SIGQUIT ignored). Exec keeps both.
@@ -634,6 +731,15 @@ impl Ready {
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             f
         }))
+    }
+
+    fn send_path(&mut self, path: &Path) {
+        if let Some(mut f) = self.0.take() {
+            let mut line = b"ok ".to_vec();
+            line.extend_from_slice(path.as_os_str().as_bytes());
+            line.push(b'\n');
+            let _ = f.write_all(&line);
+        }
     }
 
     fn send(&mut self, line: &str) {

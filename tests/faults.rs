@@ -157,6 +157,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
     let settings = Settings {
         archives: vec![img.clone()],
         mountpoint: mnt.clone(),
+        auto_mountpoint: false,
         cache_size: 8 << 20,
         threads: 4,
         allow_other: false,

@@ -507,3 +507,48 @@ fn ctrl_c_at_a_terminal_reaches_the_command(who: Who) {
 }
 
 as_root_and_as_a_user!(ctrl_c_at_a_terminal_reaches_the_command);
+
+/// `--exit-with PID`: the mount goes when its owner dies, SIGKILL included; with no mount
+/// point given, one is made under $TMPDIR, named after the SLURM job, and printed.
+fn owner_ends(who: Who) {
+    let mut j = Job::new("owner", who);
+    let mut owner = j
+        .stage
+        .command(PYTHON)
+        .args(["-c", "import time; time.sleep(3600)"])
+        .spawn()
+        .unwrap();
+    let out = j
+        .stage
+        .archfs()
+        .arg("mount")
+        .arg("--exit-with")
+        .arg(owner.id().to_string())
+        .arg(&j.img)
+        .env("TMPDIR", &j.stage.work)
+        .env("SLURM_JOB_ID", "4242")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}: {}", j.who(), stderr_of(&out));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let mnt = PathBuf::from(printed.trim_end());
+    assert_eq!(mnt.parent(), Some(j.stage.work.as_path()), "{printed:?}");
+    assert!(
+        mnt.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("archfs-job4242-small-"),
+        "{printed:?}"
+    );
+    assert!(is_mounted(&mnt), "{}: {mnt:?} not mounted", j.who());
+    j.mnt = mnt;
+    let holder = j.hold();
+    let t = Instant::now();
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    j.gone(t, "the --exit-with owner SIGKILLed, a file held open");
+    assert!(wait_for(DEADLINE, || !j.mnt.exists()), "{}", j.who());
+    drop(holder);
+}
+
+as_root_and_as_a_user!(owner_ends);
