@@ -138,8 +138,11 @@ pub fn mount_in_background() -> Result<PathBuf, String> {
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find archfs itself: {e}"))?;
     let mut cmd = Command::new(&exe);
-    cmd.args(std::env::args_os().skip(1))
+    // `mount --ready-fd 3 ...`: right after the subcommand, before any `--`.
+    let mut args = std::env::args_os().skip(1);
+    cmd.args(args.next())
         .args(["--ready-fd", "3"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     // The server keeps our stderr until the mount is ready (progress bars, warnings),

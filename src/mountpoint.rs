@@ -178,41 +178,28 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
     fusermount(&["-u", "-z"], path)
 }
 
-/// Background `archfs mount` servers of `path` (canonical), found in /proc: an `archfs`
-/// command line with `mount` and `--ready-fd` or `--foreground`, one of whose arguments
-/// resolves to `path` from that process's working directory. `archfs unmount` waits for
-/// them, so the mount point a server created is gone when the command returns.
+/// The servers of the mount on `path` (canonical), found in /proc as the parents of its
+/// watchdogs (`archfs __watchdog PATH`, started with the canonical path), whatever the
+/// server's own command line says. `archfs unmount` waits for them, so the mount point a
+/// server created is gone when the command returns.
 pub fn servers_of(path: &Path) -> Vec<i32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let want = path.as_os_str().as_bytes();
     let mut pids = Vec::new();
     for e in procs.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        let is_server = args.first().is_some_and(|a| a.ends_with(b"archfs"))
-            && args.contains(&&b"mount"[..])
-            && args
-                .iter()
-                .any(|a| matches!(*a, b"--ready-fd" | b"--foreground" | b"-f"));
-        if !is_server {
+        if !(args.get(1) == Some(&&b"__watchdog"[..]) && args.get(2) == Some(&want)) {
             continue;
         }
-        let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) else {
-            continue;
-        };
-        let serves = args.iter().skip(1).any(|a| {
-            let arg = Path::new(std::ffi::OsStr::from_bytes(a));
-            std::fs::canonicalize(cwd.join(arg)).is_ok_and(|p| p == path)
-        });
-        if serves {
-            pids.push(pid);
-        }
+        let ppid: Option<i32> = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
+        pids.extend(ppid);
     }
     pids
 }

@@ -1,0 +1,116 @@
+"""``archfs.mount``: a mount that lives as long as its ``with`` block, or this process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from ._binary import find_archfs
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class MountError(RuntimeError):
+    """archfs could not mount or unmount; the message is the command line's own, which
+    says what to do."""
+
+
+class Mount:
+    """A live mount. A context manager whose ``with`` block gets the mount point as a
+    ``pathlib.Path``; leaving the block, by an exception too, unmounts. ``os.fspath``
+    gives the mount point as well."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._mounted = True
+
+    def unmount(self) -> None:
+        """Unmounts, lazily if files are still open there; a second call does nothing.
+        Raises MountError if the mount is still there afterwards."""
+        if not self._mounted:
+            return
+        self._mounted = False
+        done = subprocess.run(
+            [find_archfs(), "unmount", str(self.path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if done.returncode != 0 and os.path.ismount(self.path):
+            raise MountError(_message(done.stderr))
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.unmount()
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        state = "mounted" if self._mounted else "unmounted"
+        return f"<archfs.Mount {str(self.path)!r} {state}>"
+
+
+def mount(
+    archives: Union[PathLike, Sequence[PathLike]],
+    mountpoint: Optional[PathLike] = None,
+    *,
+    cache_size: Union[int, str, None] = None,
+    threads: Optional[int] = None,
+    preload: Union[bool, str, None] = None,
+    recursive: bool = False,
+    allow_other: bool = False,
+    log: Optional[PathLike] = None,
+) -> Mount:
+    """Mounts one archive, several (shown as one tree: the last wins for a name in more
+    than one), or a directory of them (e.g. WebDataset shards), exactly as ``archfs
+    mount`` does, and returns once the mount is live.
+
+    With no ``mountpoint``, a job-private directory is made under ``$TMPDIR``, else
+    /dev/shm, else /tmp, and removed again on unmount. The mount also goes when this
+    process ends in any way, SIGKILL included. Raises MountError with the command
+    line's message when the mount fails.
+    """
+    if isinstance(archives, (str, os.PathLike)):
+        archives = [archives]
+    paths = [os.fspath(a) for a in archives]
+    if not paths:
+        raise ValueError("archfs.mount needs at least one archive")
+    argv = [find_archfs(), "mount", "--exit-with", str(os.getpid())]
+    if cache_size is not None:
+        argv += ["--cache-size", str(cache_size)]
+    if threads is not None:
+        argv += ["--threads", str(threads)]
+    if preload is not None:
+        when = {True: "always", False: "never"}.get(preload, preload)  # type: ignore[arg-type]
+        argv.append(f"--preload={when}")
+    if recursive:
+        argv.append("--recursive")
+    if allow_other:
+        argv += ["-o", "allow_other"]
+    if log is not None:
+        argv += ["--log", os.fspath(log)]
+    if mountpoint is None:
+        argv += ["--auto-mountpoint", "--", *paths]
+    else:
+        argv += ["--", *paths, os.fspath(mountpoint)]
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if done.returncode != 0:
+        raise MountError(_message(done.stderr))
+    if done.stderr:
+        sys.stderr.write(done.stderr)  # warnings, e.g. a --preload that does not fit
+    if mountpoint is None:
+        return Mount(Path(done.stdout.strip()))
+    return Mount(Path(os.path.realpath(mountpoint)))
+
+
+def _message(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "archfs failed without a message"
+    return last[len("archfs: "):] if last.startswith("archfs: ") else last
