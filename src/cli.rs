@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::archive::{self, Kind};
 use crate::cache::CacheConfig;
@@ -64,6 +64,13 @@ enum Cmd {
     Cat { archive: PathBuf, path: PathBuf },
     /// Read every directory, inode, file, symlink and xattr; report damage (exit 1 if any).
     Check { archive: PathBuf },
+    /// Print a shell completion script: `archfs completions bash > ~/.local/share/bash-completion/completions/archfs`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page in roff: `archfs man | man -l -`, or `archfs man mount`.
+    Man {
+        /// A subcommand whose page to print instead of the main one.
+        subcommand: Option<String>,
+    },
     #[command(name = "__watchdog", hide = true)]
     Watchdog {
         path: PathBuf,
@@ -197,6 +204,20 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    if matches!(
+        cli.command,
+        Cmd::Info { .. }
+            | Cmd::Ls { .. }
+            | Cmd::Cat { .. }
+            | Cmd::Check { .. }
+            | Cmd::Completions { .. }
+            | Cmd::Man { .. }
+    ) {
+        // Commands that write to stdout end quietly at `| head`, as other tools do. The
+        // mount's processes keep SIGPIPE ignored: nothing should end a server.
+        // SAFETY: restoring a default signal action has no preconditions.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => {
             let s = settings(&args.paths, &args.serve)?;
@@ -298,6 +319,25 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Cmd::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "archfs", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Man { subcommand } => {
+            let cmd = Cli::command();
+            let page = match subcommand {
+                None => cmd,
+                Some(name) => {
+                    let sub = cmd.find_subcommand(&name).ok_or_else(|| {
+                        Failure(format!("no subcommand {name:?}; see archfs --help"))
+                    })?;
+                    sub.clone().name(format!("archfs-{name}"))
+                }
+            };
+            clap_mangen::Man::new(page).render(&mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Watchdog { path, remove_dir } => Ok(job::watchdog_main(&path, remove_dir)),
     }
