@@ -36,7 +36,12 @@ enum Cmd {
     Mount(MountArgs),
     /// Unmount a mount point (lazily if files are still open there).
     #[command(alias = "umount")]
-    Unmount { mountpoint: PathBuf },
+    Unmount {
+        mountpoint: PathBuf,
+        /// For a --shared mount: process PID leaves it; it is unmounted once no user is left.
+        #[arg(long, value_name = "PID")]
+        leave: Option<i32>,
+    },
     /// Mount, run a command, unmount when it ends; exits with the command's status.
     #[command(
         override_usage = "archfs run [OPTIONS] ARCHIVE... [MOUNTPOINT] -- COMMAND [ARGS]..."
@@ -93,6 +98,12 @@ struct MountArgs {
     /// notebook or a training rank that owns the mount.
     #[arg(long, value_name = "PID")]
     exit_with: Option<i32>,
+    /// One mount for all ranks of a job on a node: the first mounts, the others wait until
+    /// it is live and use it; it goes once every rank has left (`archfs unmount --leave`)
+    /// or died. A rank is the --exit-with PID, else the calling process. The mount point
+    /// is the same for all (with --auto-mountpoint: named after the job and the archive).
+    #[arg(long)]
+    shared: bool,
     /// Serve in the foreground instead of returning once the mount is live.
     #[arg(short, long)]
     foreground: bool,
@@ -220,7 +231,18 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     }
     match cli.command {
         Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => {
-            let s = settings(&args.paths, &args.serve)?;
+            let mut s = settings(&args.paths, &args.serve)?;
+            if args.shared {
+                if args.foreground {
+                    return Err(Failure(
+                        "--shared mounts serve in the background; drop -f".into(),
+                    ));
+                }
+                s.shared = true;
+                if s.auto_mountpoint {
+                    s.mountpoint = job::shared_mountpoint(&s.archives[0]);
+                }
+            }
             let server = job::Server {
                 log: args.log,
                 ready_fd: args.ready_fd,
@@ -229,15 +251,28 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(job::serve(&s, &server)?)
         }
         Cmd::Mount(args) => {
-            let s = settings(&args.paths, &args.serve)?;
-            let path = job::mount_in_background()?;
+            let mut s = settings(&args.paths, &args.serve)?;
+            let path = if args.shared {
+                // SAFETY: getppid has no preconditions.
+                let owner = args.exit_with.unwrap_or_else(|| unsafe { libc::getppid() });
+                s.shared = true;
+                if s.auto_mountpoint {
+                    s.mountpoint = job::shared_mountpoint(&s.archives[0]);
+                }
+                job::mount_shared(&s, owner)?
+            } else {
+                job::mount_in_background()?
+            };
             if s.auto_mountpoint {
                 println!("{}", path.display());
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Unmount { mountpoint } => {
-            job::unmount(&mountpoint)?;
+        Cmd::Unmount { mountpoint, leave } => {
+            match leave {
+                Some(pid) => job::leave_shared(&mountpoint, pid)?,
+                None => job::unmount(&mountpoint)?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run {
@@ -393,6 +428,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         archives: archives.to_vec(),
         mountpoint,
         auto_mountpoint,
+        shared: false,
         cache_size: serve.cache_size,
         threads: serve.threads.unwrap_or_else(default_threads),
         allow_other,

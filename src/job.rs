@@ -30,6 +30,7 @@ use crate::fuse::ArchFs;
 use crate::fuse_mount;
 use crate::mountpoint::{self, MountId, Prepared};
 use crate::preload::{self, Trigger};
+use crate::shared::{Locked, Registry};
 use crate::vfs::Vfs;
 
 /// What to mount and how; the command line fills it in.
@@ -39,6 +40,8 @@ pub struct Settings {
     pub mountpoint: PathBuf,
     /// The mount point was chosen by [`default_mountpoint`], not given.
     pub auto_mountpoint: bool,
+    /// One mount shared by the ranks registered in its [`Registry`].
+    pub shared: bool,
     /// Bytes of decoded SquashFS blocks kept in memory.
     pub cache_size: u64,
     /// FUSE request threads.
@@ -76,6 +79,17 @@ pub struct Server {
 /// `$TMPDIR`, else /dev/shm, else /tmp (the first that is a writable directory), named
 /// after the SLURM job (or the user), the archive and this process.
 pub fn default_mountpoint(archive: &Path) -> PathBuf {
+    job_directory(archive, &std::process::id().to_string())
+}
+
+/// The mount point all ranks of a job on this node agree on for a `--shared` mount of
+/// `archive`: [`default_mountpoint`] without the process.
+pub fn shared_mountpoint(archive: &Path) -> PathBuf {
+    job_directory(archive, "shared")
+}
+
+/// `BASE/archfs-OWNER-NAME-SUFFIX`.
+fn job_directory(archive: &Path, suffix: &str) -> PathBuf {
     let writable = |d: &Path| {
         let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else {
             return false;
@@ -98,7 +112,40 @@ pub fn default_mountpoint(archive: &Path) -> PathBuf {
         .file_stem()
         .map(|s| s.to_string_lossy().replace(['/', ' '], "_"))
         .unwrap_or_default();
-    base.join(format!("archfs-{owner}-{stem}-{}", std::process::id()))
+    base.join(format!("archfs-{owner}-{stem}-{suffix}"))
+}
+
+/// `archfs mount --shared`: registers `owner` as a user of the mount and mounts it unless
+/// it is live already, all under the registry's lock, so other ranks wait for it to be
+/// live. Returns the mount point.
+pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, String> {
+    let path = std::path::absolute(&s.mountpoint).map_err(|e| e.to_string())?;
+    let registry = Registry::of(&path);
+    let lock = registry.lock().map_err(|e| e.to_string())?;
+    registry.join(&lock, owner).map_err(|e| e.to_string())?;
+    let live = mountpoint::is_mount_point(&path) && std::fs::metadata(&path).is_ok();
+    let result = if live {
+        Ok(path)
+    } else {
+        mount_in_background()
+    };
+    if result.is_err() {
+        registry.leave(&lock, owner);
+    }
+    result
+}
+
+/// `archfs unmount --leave PID`: `pid` stops using a shared mount, which is unmounted if
+/// no one else uses it.
+pub fn leave_shared(mountpoint: &Path, pid: i32) -> Result<(), String> {
+    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
+    let registry = Registry::of(&path);
+    let lock = registry.lock().map_err(|e| e.to_string())?;
+    registry.leave(&lock, pid);
+    if registry.live_users(&lock) == 0 && mountpoint::is_mount_point(&path) {
+        unmount(&path)?;
+    }
+    Ok(())
 }
 
 /// Signals that end a server: it unmounts and exits 0.
@@ -204,10 +251,10 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
     let (tx, rx) = channel();
     watch_signals(&handled, tx.clone());
     let mount = match server.exit_with {
-        Some(pid) => watch_owner(pid, tx.clone()),
-        None => Ok(()),
+        Some(pid) if !s.shared => watch_owner(pid, tx.clone()),
+        _ => Ok(()),
     }
-    .and_then(|()| open_and_mount(s, tx));
+    .and_then(|()| open_and_mount(s, tx.clone()));
     let (mut mount, plan) = match mount {
         Ok(m) => m,
         Err(msg) if ready_fd.is_some() => {
@@ -227,8 +274,18 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
     if let Some(plan) = plan {
         plan.start();
     }
+    if s.shared {
+        watch_users(Registry::of(mount.path()), tx)?;
+    }
     loop {
         match rx.recv() {
+            Ok(Event::Unused(_lock)) => {
+                // Unmounted under the registry's lock: a rank arriving now waits, then
+                // mounts anew.
+                tracing::info!("no user left: unmounting {}", mount.path().display());
+                mount.unmount()?;
+                return Ok(ExitCode::SUCCESS);
+            }
             Ok(Event::Signal { signo, .. }) if IGNORED.contains(&signo) => {
                 tracing::info!("signal {signo} ignored: the mount stays");
             }
@@ -314,7 +371,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
                 mount.path().display()
             ),
             Ok(Event::Exited(status)) => break status,
-            Ok(Event::OwnerEnded(_)) => {}
+            Ok(Event::OwnerEnded(_) | Event::Unused(_)) => {}
             Err(_) => return Err("lost track of the command".into()),
         }
     };
@@ -396,6 +453,8 @@ pub enum Event {
     Exited(ExitStatus),
     /// The process named by `--exit-with` ended.
     OwnerEnded(i32),
+    /// Every user of a `--shared` mount has left; the registry's lock is held.
+    Unused(Locked),
 }
 
 /// A live mount served by threads of this process, with its watchdog.
@@ -699,6 +758,25 @@ fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
         })
         .map_err(|e| format!("cannot start a thread: {e}"))?;
     Ok(())
+}
+
+/// Sends `Event::Unused`, with the registry locked, once no user of a `--shared` mount is
+/// left; looks every 100 ms.
+fn watch_users(registry: Registry, events: Sender<Event>) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("archfs-users".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let Ok(lock) = registry.lock() else {
+                continue;
+            };
+            if registry.live_users(&lock) == 0 {
+                let _ = events.send(Event::Unused(lock));
+                return;
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start a thread: {e}"))
 }
 
 /// In the command's process, between fork and exec: an empty signal mask and the

@@ -16,6 +16,7 @@ pub mod fuse_mount;
 pub mod job;
 pub mod mountpoint;
 pub mod preload;
+pub mod shared;
 pub mod squashfs;
 pub mod tar;
 pub mod vfs;

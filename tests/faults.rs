@@ -158,6 +158,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         archives: vec![img.clone()],
         mountpoint: mnt.clone(),
         auto_mountpoint: false,
+        shared: false,
         cache_size: 8 << 20,
         threads: 4,
         allow_other: false,

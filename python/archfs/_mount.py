@@ -21,18 +21,21 @@ class Mount:
     ``pathlib.Path``; leaving the block, by an exception too, unmounts. ``os.fspath``
     gives the mount point as well."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, shared: bool = False) -> None:
         self.path = path
+        self.shared = shared
         self._mounted = True
 
     def unmount(self) -> None:
         """Unmounts, lazily if files are still open there; a second call does nothing.
-        Raises MountError if the mount is still there afterwards."""
+        A shared mount is left, and unmounted only when no other process uses it.
+        Raises MountError if the mount is still there when it should not be."""
         if not self._mounted:
             return
         self._mounted = False
+        leave = ["--leave", str(os.getpid())] if self.shared else []
         done = subprocess.run(
-            [find_archfs(), "unmount", str(self.path)],
+            [find_archfs(), "unmount", *leave, str(self.path)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -65,6 +68,7 @@ def mount(
     recursive: bool = False,
     allow_other: bool = False,
     log: Optional[PathLike] = None,
+    shared: bool = False,
 ) -> Mount:
     """Mounts one archive, several (shown as one tree: the last wins for a name in more
     than one), or a directory of them (e.g. WebDataset shards), exactly as ``archfs
@@ -74,6 +78,10 @@ def mount(
     /dev/shm, else /tmp, and removed again on unmount. The mount also goes when this
     process ends in any way, SIGKILL included. Raises MountError with the command
     line's message when the mount fails.
+
+    ``shared=True``: all processes of a job on this node that mount the same archives
+    this way share one mount (DDP ranks): the first mounts, the others wait until it is
+    live, and it goes when the last has left or died.
     """
     if isinstance(archives, (str, os.PathLike)):
         archives = [archives]
@@ -94,6 +102,8 @@ def mount(
         argv += ["-o", "allow_other"]
     if log is not None:
         argv += ["--log", os.fspath(log)]
+    if shared:
+        argv.append("--shared")
     if mountpoint is None:
         argv += ["--auto-mountpoint", "--", *paths]
     else:
@@ -106,8 +116,8 @@ def mount(
     if done.stderr:
         sys.stderr.write(done.stderr)  # warnings, e.g. a --preload that does not fit
     if mountpoint is None:
-        return Mount(Path(done.stdout.strip()))
-    return Mount(Path(os.path.realpath(mountpoint)))
+        return Mount(Path(done.stdout.strip()), shared)
+    return Mount(Path(os.path.realpath(mountpoint)), shared)
 
 
 def _message(stderr: str) -> str:

@@ -151,3 +151,58 @@ def test_the_installed_binary_needs_no_glibc_newer_than_2_17():
     assert Path(binary).parent == Path(sys.executable).parent, "the wheel's binary is used"
     newest = tuple(int(x) for x in newest_glibc(binary).split("."))
     assert (2, 0) < newest <= (2, 17), newest
+
+
+RANK = """
+import os, sys, archfs
+img, want, work, i = sys.argv[1:]
+want = open(want, "rb").read()
+with archfs.mount(img, shared=True) as root:
+    print(root, flush=True)
+    said = False
+    while not os.path.exists(os.path.join(work, f"stop-{i}")):
+        assert (root / "train/cat/3.jpg").read_bytes() == want
+        if not said and os.path.exists(os.path.join(work, "phase2")):
+            print("phase2 ok", flush=True)
+            said = True
+"""
+
+
+def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    want = tree / "train/cat/3.jpg"
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(sqfs), str(want), str(tmp_path),
+                               str(i)], stdout=subprocess.PIPE, text=True) for i in range(8)]
+    paths = {r.stdout.readline().strip() for r in ranks}
+    assert len(paths) == 1, paths
+    path = Path(paths.pop())
+    assert path.name == "archfs-job99-data-shared" and os.path.ismount(path)
+    servers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and
+               _args(p)[1:3] == ["__watchdog", str(path)]]
+    assert len(servers) == 1, "one server for all ranks"
+
+    # A rank SIGKILLed midway: the server drops it; the others keep reading.
+    registry = path.parent / f".{path.name}.archfs-shared"
+    ranks[3].kill()
+    ranks[3].wait()
+    assert wait_for(lambda: len([e for e in registry.iterdir() if e.name != "lock"]) == 7)
+    (tmp_path / "phase2").touch()
+    for i, r in enumerate(ranks):
+        if i != 3:
+            assert r.stdout.readline() == "phase2 ok\n", f"rank {i} stopped reading"
+    # The ranks leave one by one; the mount goes with the last.
+    alive = [i for i in range(8) if i != 3]
+    for n, i in enumerate(alive):
+        (tmp_path / f"stop-{i}").touch()
+        assert ranks[i].wait(timeout=DEADLINE) == 0
+        if n < len(alive) - 1:
+            assert os.path.ismount(path), f"unmounted while {len(alive) - n - 1} ranks remain"
+    assert wait_for(lambda: not os.path.ismount(path))
+
+
+def _args(proc):
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
