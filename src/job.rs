@@ -1,7 +1,9 @@
 //! The life of a mount in a job, top to bottom: `archfs mount` starting a background server
 //! ([`mount_in_background`]), the server itself ([`serve`]), `archfs run` ([`run`]) and
-//! `archfs unmount` ([`unmount`]); then what they share: a live [`Mount`] with its
-//! watchdog process, and the signals.
+//! `archfs unmount` ([`unmount`]), `--shared` mounts ([`mount_shared`], [`leave_shared`])
+//! and where a mount point goes when none is given; then what they share: a live
+//! [`Mount`] with its watchdog process, the signals, and the watchers of an owner or of a
+//! shared mount's users.
 //!
 //! Every way a job ends leaves no mount behind:
 //! - SIGTERM, SIGINT or SIGHUP to the server: it unmounts, lazily if files are still open;
@@ -73,79 +75,6 @@ pub struct Server {
     pub ready_fd: Option<i32>,
     /// Unmount and exit when this process ends.
     pub exit_with: Option<i32>,
-}
-
-/// A job-private, node-local mount point for a mount of `archive`, not yet made: under
-/// `$TMPDIR`, else /dev/shm, else /tmp (the first that is a writable directory), named
-/// after the SLURM job (or the user), the archive and this process.
-pub fn default_mountpoint(archive: &Path) -> PathBuf {
-    job_directory(archive, &std::process::id().to_string())
-}
-
-/// The mount point all ranks of a job on this node agree on for a `--shared` mount of
-/// `archive`: [`default_mountpoint`] without the process.
-pub fn shared_mountpoint(archive: &Path) -> PathBuf {
-    job_directory(archive, "shared")
-}
-
-/// `BASE/archfs-OWNER-NAME-SUFFIX`.
-fn job_directory(archive: &Path, suffix: &str) -> PathBuf {
-    let writable = |d: &Path| {
-        let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else {
-            return false;
-        };
-        // SAFETY: c is a valid NUL-terminated path.
-        d.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
-    };
-    let base = std::env::var_os("TMPDIR")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(["/dev/shm".into(), "/tmp".into()])
-        .find(|d| writable(d))
-        .unwrap_or_else(|| "/tmp".into());
-    let owner = match std::env::var("SLURM_JOB_ID") {
-        Ok(job) if !job.is_empty() => format!("job{job}"),
-        // SAFETY: getuid has no preconditions.
-        _ => format!("uid{}", unsafe { libc::getuid() }),
-    };
-    let stem = archive
-        .file_stem()
-        .map(|s| s.to_string_lossy().replace(['/', ' '], "_"))
-        .unwrap_or_default();
-    base.join(format!("archfs-{owner}-{stem}-{suffix}"))
-}
-
-/// `archfs mount --shared`: registers `owner` as a user of the mount and mounts it unless
-/// it is live already, all under the registry's lock, so other ranks wait for it to be
-/// live. Returns the mount point.
-pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, String> {
-    let path = std::path::absolute(&s.mountpoint).map_err(|e| e.to_string())?;
-    let registry = Registry::of(&path);
-    let lock = registry.lock().map_err(|e| e.to_string())?;
-    registry.join(&lock, owner).map_err(|e| e.to_string())?;
-    let live = mountpoint::is_mount_point(&path) && std::fs::metadata(&path).is_ok();
-    let result = if live {
-        Ok(path)
-    } else {
-        mount_in_background()
-    };
-    if result.is_err() {
-        registry.leave(&lock, owner);
-    }
-    result
-}
-
-/// `archfs unmount --leave PID`: `pid` stops using a shared mount, which is unmounted if
-/// no one else uses it.
-pub fn leave_shared(mountpoint: &Path, pid: i32) -> Result<(), String> {
-    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
-    let registry = Registry::of(&path);
-    let lock = registry.lock().map_err(|e| e.to_string())?;
-    registry.leave(&lock, pid);
-    if registry.live_users(&lock) == 0 && mountpoint::is_mount_point(&path) {
-        unmount(&path)?;
-    }
-    Ok(())
 }
 
 /// Signals that end a server: it unmounts and exits 0.
@@ -403,6 +332,79 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
         mountpoint::wait_for_exit(&servers, Duration::from_secs(5));
     }
     Ok(())
+}
+
+/// `archfs mount --shared`: registers `owner` as a user of the mount and mounts it unless
+/// it is live already, all under the registry's lock, so other ranks wait for it to be
+/// live. Returns the mount point.
+pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, String> {
+    let path = std::path::absolute(&s.mountpoint).map_err(|e| e.to_string())?;
+    let registry = Registry::of(&path);
+    let lock = registry.lock().map_err(|e| e.to_string())?;
+    registry.join(&lock, owner).map_err(|e| e.to_string())?;
+    let live = mountpoint::is_mount_point(&path) && std::fs::metadata(&path).is_ok();
+    let result = if live {
+        Ok(path)
+    } else {
+        mount_in_background()
+    };
+    if result.is_err() {
+        registry.leave(&lock, owner);
+    }
+    result
+}
+
+/// `archfs unmount --leave PID`: `pid` stops using a shared mount, which is unmounted if
+/// no one else uses it.
+pub fn leave_shared(mountpoint: &Path, pid: i32) -> Result<(), String> {
+    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
+    let registry = Registry::of(&path);
+    let lock = registry.lock().map_err(|e| e.to_string())?;
+    registry.leave(&lock, pid);
+    if registry.live_users(&lock) == 0 && mountpoint::is_mount_point(&path) {
+        unmount(&path)?;
+    }
+    Ok(())
+}
+
+/// A job-private, node-local mount point for a mount of `archive`, not yet made: under
+/// `$TMPDIR`, else /dev/shm, else /tmp (the first that is a writable directory), named
+/// after the SLURM job (or the user), the archive and this process.
+pub fn default_mountpoint(archive: &Path) -> PathBuf {
+    job_directory(archive, &std::process::id().to_string())
+}
+
+/// The mount point all ranks of a job on this node agree on for a `--shared` mount of
+/// `archive`: [`default_mountpoint`] without the process.
+pub fn shared_mountpoint(archive: &Path) -> PathBuf {
+    job_directory(archive, "shared")
+}
+
+/// `BASE/archfs-OWNER-NAME-SUFFIX`.
+fn job_directory(archive: &Path, suffix: &str) -> PathBuf {
+    let writable = |d: &Path| {
+        let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else {
+            return false;
+        };
+        // SAFETY: c is a valid NUL-terminated path.
+        d.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
+    };
+    let base = std::env::var_os("TMPDIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(["/dev/shm".into(), "/tmp".into()])
+        .find(|d| writable(d))
+        .unwrap_or_else(|| "/tmp".into());
+    let owner = match std::env::var("SLURM_JOB_ID") {
+        Ok(job) if !job.is_empty() => format!("job{job}"),
+        // SAFETY: getuid has no preconditions.
+        _ => format!("uid{}", unsafe { libc::getuid() }),
+    };
+    let stem = archive
+        .file_stem()
+        .map(|s| s.to_string_lossy().replace(['/', ' '], "_"))
+        .unwrap_or_default();
+    base.join(format!("archfs-{owner}-{stem}-{suffix}"))
 }
 
 /// Opens the archives and mounts them; also what `--preload=always` will read.
