@@ -9,6 +9,12 @@ use crate::error::{Error, Result};
 pub const NO_XATTR: u32 = u32::MAX;
 pub const NO_FRAGMENT: u32 = u32::MAX;
 
+/// The kernel refuses a symlink longer than its page size (fs/squashfs/inode.c: "Corrupted
+/// symlink" when `i_size > PAGE_SIZE`), and the largest page size Linux runs with is 256 KiB
+/// (hexagon, powerpc 44x). Tools write longer targets (tar2sqfs keeps a PAX linkpath of any
+/// length), and x86's 4 KiB is not the limit: a 64 KiB-page arm64 kernel reads 64 KiB ones.
+const MAX_SYMLINK: usize = 256 << 10;
+
 #[derive(Clone, Debug)]
 pub struct Inode {
     pub kind: Kind,
@@ -161,7 +167,7 @@ impl SquashFs {
             3 | 10 => {
                 nlink = c.u32()?;
                 let len = c.u32()? as usize;
-                if len > 4096 {
+                if len > MAX_SYMLINK {
                     return Err(Error::corrupt(format!(
                         "symlink inode {r:#x} has a {len}-byte target"
                     )));
