@@ -62,39 +62,18 @@ impl Weighted for Layout {
     }
 }
 
-impl Layout {
-    /// Reads the size entry at `at` and moves `at` to the next block.
-    fn step(&self, fs: &SquashFs, at: &mut Mark) -> Result<Mark> {
-        let mut c = fs.cursor(at.meta.0, at.meta.1 as usize);
-        let stored = c.u32()?;
-        let len = u64::from(stored & SIZE_MASK);
-        if len > u64::from(fs.sb.block_size) {
-            return Err(Error::corrupt(format!(
-                "block of {len} bytes on disk in a {}-byte block image",
-                fs.sb.block_size
-            )));
-        }
-        if at.start.saturating_add(len) > fs.sb.bytes_used {
-            return Err(Error::corrupt("file blocks run past the end of the image"));
-        }
-        let here = Mark { stored, ..*at };
-        *at = Mark {
-            index: at.index + 1,
-            start: at.start + len,
-            stored: 0,
-            meta: (c.block, c.offset as u32),
-        };
-        Ok(here)
-    }
+/// Size entries read at once while summing: one metadata block's worth.
+const BATCH: u64 = 2048;
 
-    /// Block `i` (below `block_count`): its data position and size entry. Sums at most
-    /// `stride` entries, or one when reads go forward block by block.
-    fn block(&self, fs: &SquashFs, i: u64) -> Result<Mark> {
+impl Layout {
+    /// Block `i` (below `block_count`): where its data starts and its size entry. Sums at
+    /// most `stride` entries, or one when reads go forward block by block.
+    fn block(&self, fs: &SquashFs, i: u64) -> Result<(u64, u32)> {
         let mut w = self.walk.lock();
         let k = i / self.stride;
         if let Some(s) = w.samples.get(k as usize) {
             if s.index == i {
-                return Ok(*s);
+                return Ok((s.start, s.stored));
             }
         }
         // Start from the nearest known point at or before `i`: the sample, or where the
@@ -103,28 +82,49 @@ impl Layout {
             .samples
             .get((k as usize).min(w.samples.len().saturating_sub(1)))
             .copied();
-        let next =
-            Some(w.next).filter(|n| n.index <= i && sample.is_none_or(|s| n.index > s.index));
-        let mut at = match (next, sample) {
-            (Some(n), _) => n,
-            (None, Some(mut s)) => {
-                self.step(fs, &mut s)?;
-                s
-            }
-            (None, None) => self.origin,
+        let mut at = match (sample, w.next) {
+            (_, n) if n.index <= i && sample.is_none_or(|s| n.index > s.index) => n,
+            (Some(s), _) => s,
+            (None, _) => self.origin,
         };
-        loop {
-            let record =
-                at.index % self.stride == 0 && at.index / self.stride == w.samples.len() as u64;
-            let here = self.step(fs, &mut at)?;
-            if record {
-                w.samples.push(here);
+        let mut c = fs.cursor(at.meta.0, at.meta.1 as usize);
+        let mut buf = [0u8; 4 * BATCH as usize];
+        let mut found = None;
+        while at.index <= i {
+            // A batch ends at `i` and at the next sample, so every sample starts a batch
+            // and the cursor's position is that sample's.
+            let until = (i + 1)
+                .min((at.index / self.stride + 1) * self.stride)
+                .min(at.index + BATCH);
+            let record = at.index == w.samples.len() as u64 * self.stride;
+            let meta = (c.block, c.offset as u32);
+            let bytes = &mut buf[..4 * (until - at.index) as usize];
+            c.read(bytes)?;
+            for e in bytes.chunks_exact(4) {
+                let stored = u32::from_le_bytes(e.try_into().unwrap());
+                let len = u64::from(stored & SIZE_MASK);
+                if len > u64::from(fs.sb.block_size) {
+                    return Err(Error::corrupt(format!(
+                        "block of {len} bytes on disk in a {}-byte block image",
+                        fs.sb.block_size
+                    )));
+                }
+                if at.start.saturating_add(len) > fs.sb.bytes_used {
+                    return Err(Error::corrupt("file blocks run past the end of the image"));
+                }
+                if record && at.index % self.stride == 0 {
+                    w.samples.push(Mark { stored, meta, ..at });
+                }
+                if at.index == i {
+                    found = Some((at.start, stored));
+                }
+                at.index += 1;
+                at.start += len;
             }
-            if here.index == i {
-                w.next = at;
-                return Ok(here);
-            }
+            at.meta = (c.block, c.offset as u32);
         }
+        w.next = at;
+        found.ok_or_else(|| Error::corrupt("block list walk missed its block"))
     }
 }
 
@@ -165,9 +165,7 @@ impl SquashFs {
         let bs = u64::from(self.sb.block_size);
         let len = (layout.size - i * bs).min(bs) as usize;
         if i < layout.block_count {
-            let Mark {
-                start: pos, stored, ..
-            } = layout.block(self, i)?;
+            let (pos, stored) = layout.block(self, i)?;
             if stored & SIZE_MASK == 0 {
                 return Ok((self.zero_block.clone(), 0, len));
             }
