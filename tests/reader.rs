@@ -244,3 +244,115 @@ fn parallel_readers_of_one_archive_agree() {
         }
     });
 }
+
+/// A 16 TiB sparse file: 134 M blocks of 128 KiB, whose 512 MiB block list compresses to
+/// about 2 MiB of inode table. No tool builds one in a test's time (see common/huge.rs),
+/// so the image is written directly; `huge_sparse_files_written_directly` in the
+/// conformance tests checks that writer against the kernel and mounts this file. The reader must neither refuse
+/// it nor hold its block list in memory (1.6 GB as two vectors): reads at the start, the
+/// middle and the end, forwards and backwards, stay within a small memory budget.
+#[test]
+fn a_16_tib_sparse_file_reads_without_per_block_memory() {
+    use common::huge::{HugeSparse, BLOCK};
+    let dir = TempDir::new("huge");
+    let img = dir.join("huge.sqfs");
+    let size = 16u64 << 40;
+    let blocks = size / BLOCK;
+    let mid = blocks / 2 + 12_345;
+    let file = HugeSparse {
+        size,
+        data: vec![0, mid, mid + 1, blocks - 1],
+    };
+    file.write(&img);
+    assert!(std::fs::metadata(&img).unwrap().len() < 8 << 20);
+    let before = own_peak_rss();
+    let a = archive::open(
+        &img,
+        &CacheConfig {
+            total_bytes: 16 << 20,
+        },
+    )
+    .unwrap();
+    let attr = a.lookup(ROOT_INO, b"big").unwrap();
+    assert_eq!(attr.size, size);
+    let reads: &[(u64, u32)] = &[
+        (0, 200_000),
+        (size - 1000, 4096),
+        (mid * BLOCK - 5000, 300_000),
+        (7 << 40, 65536),
+        (BLOCK - 10, 20),
+        (mid * BLOCK + 100, 1000),
+        (size - 2 * BLOCK - 7, 1 << 20),
+    ];
+    for &(off, len) in reads {
+        let got = a.read(attr.ino, off, len).unwrap();
+        assert!(
+            *got == *file.expected(off, len as usize),
+            "read of {len} at {off}"
+        );
+    }
+    // Block by block forwards, as a sequential reader goes.
+    for b in (mid - 40)..(mid + 40) {
+        let got = a.read(attr.ino, b * BLOCK + 3, 200).unwrap();
+        assert!(*got == *file.expected(b * BLOCK + 3, 200), "block {b}");
+    }
+    assert!(a.read(attr.ino, size, 10).unwrap().is_empty());
+    let grew = own_peak_rss().saturating_sub(before);
+    assert!(
+        grew < 96 << 20,
+        "reading the 16 TiB file raised the peak memory by {} MiB",
+        grew >> 20
+    );
+}
+
+/// Symlink targets as long as a 64 KiB-page kernel reads (and longer than x86's 4 KiB),
+/// from mksquashfs (a pseudo definition, at most 65,535 bytes) and gensquashfs (a pack
+/// file, any length). A target longer than any kernel's page size (256 KiB) is corrupt.
+#[test]
+fn symlinks_up_to_the_largest_page_size_read_back() {
+    let dir = TempDir::new("longlink");
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let target = |n: usize| -> String { (0..n).map(|i| (b'a' + (i % 26) as u8) as char).collect() };
+    let open = |img: &Path| archive::open(img, &CacheConfig::default()).unwrap();
+    for n in [4095, 4096, 65535, 65536] {
+        let t = target(n);
+        if n < 65536 {
+            let img = dir.join(format!("mk{n}.sqfs"));
+            mksquashfs(&empty, &img, &["-p", &format!("l s 777 0 0 {t}")]);
+            let a = open(&img);
+            let l = a.lookup(ROOT_INO, b"l").unwrap();
+            assert_eq!(l.size, n as u64);
+            assert_eq!(a.readlink(l.ino).unwrap(), t.as_bytes(), "mksquashfs, {n}");
+        }
+
+        let pack = dir.join("pack.txt");
+        std::fs::write(&pack, format!("dir / 0755 0 0\nslink /l 0777 0 0 {t}\n")).unwrap();
+        let img = dir.join(format!("gen{n}.sqfs"));
+        run_ok(
+            Command::new("gensquashfs")
+                .arg("--pack-file")
+                .arg(&pack)
+                .args(["--quiet", "--force"])
+                .arg(&img),
+        );
+        let a = open(&img);
+        let l = a.lookup(ROOT_INO, b"l").unwrap();
+        assert_eq!(a.readlink(l.ino).unwrap(), t.as_bytes(), "gensquashfs, {n}");
+    }
+    let pack = dir.join("pack.txt");
+    let t = target((256 << 10) + 1);
+    std::fs::write(&pack, format!("dir / 0755 0 0\nslink /l 0777 0 0 {t}\n")).unwrap();
+    let img = dir.join("too-long.sqfs");
+    run_ok(
+        Command::new("gensquashfs")
+            .arg("--pack-file")
+            .arg(&pack)
+            .args(["--quiet", "--force"])
+            .arg(&img),
+    );
+    assert!(matches!(
+        open(&img).lookup(ROOT_INO, b"l"),
+        Err(Error::Corrupt(_))
+    ));
+}

@@ -17,7 +17,9 @@ pub struct RawEntry {
     pub name: Vec<u8>,
 }
 
-/// SquashFS allows at most 256 entries under one header and 256-byte names.
+/// The kernel's limits (fs/squashfs/squashfs_fs.h, enforced in dir.c and namei.c):
+/// SQUASHFS_DIR_COUNT entries under one header and SQUASHFS_NAME_LEN-byte names; both tools
+/// split runs at 256 entries, and Linux names are at most 255 bytes.
 const MAX_HEADER_COUNT: u64 = 256;
 const MAX_NAME: usize = 256;
 
@@ -124,7 +126,9 @@ impl SquashFs {
                 let start = ic.u32()?;
                 let len = ic.u32()? as usize + 1;
                 if len > MAX_NAME {
-                    return Err(Error::corrupt("directory index name too long"));
+                    // The kernel stops using the index here (namei.c) and scans on from
+                    // the best entry so far: the listing itself may well be sound.
+                    break;
                 }
                 let iname = ic.bytes(len)?;
                 if iname.as_slice() > name {

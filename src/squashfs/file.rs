@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::inode::{Body, NO_FRAGMENT};
 use super::SquashFs;
 use crate::archive::{Buf, Data};
@@ -13,19 +15,116 @@ use crate::error::{Error, Result};
 const UNCOMPRESSED: u32 = 1 << 24;
 const SIZE_MASK: u32 = UNCOMPRESSED - 1;
 
-/// Where each block of one file is: decoded once from the inode's size list, then cached,
-/// so a read in a large file finds its block without summing the list again.
+/// How many samples of a file's block list a [`Layout`] keeps at most: 24 KiB. Files of up
+/// to this many blocks (128 MiB at 128 KiB blocks) keep every block's position; a larger
+/// file keeps every Nth, so a 16 TiB sparse file (134 M blocks) costs 24 KiB, not 1.6 GB.
+const MAX_SAMPLES: u64 = 1024;
+
+/// Where one block of a file is: its data on disk and its entry in the block size list.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    /// Index of the block in the file.
+    index: u64,
+    /// Where its data starts in the image.
+    start: u64,
+    /// Its size entry (size on disk, and the uncompressed flag).
+    stored: u32,
+    /// Where its size entry is in the metadata stream: block position and offset.
+    meta: (u64, u32),
+}
+
+/// How to find the blocks of one file. The size list (4 bytes a block, in the inode
+/// table) is read lazily: a block's position is the sum of the sizes before it, so the
+/// layout keeps a sample every `stride` blocks, filled in as reads reach further, plus
+/// where the last read ended so sequential reads sum one entry each.
 pub struct Layout {
     pub size: u64,
-    sizes: Vec<u32>,
-    starts: Vec<u64>,
     fragment: u32,
     frag_offset: u32,
+    block_count: u64,
+    stride: u64,
+    /// Where the size list and the data start: the walk from block 0.
+    origin: Mark,
+    walk: Mutex<Walk>,
+}
+
+struct Walk {
+    /// `samples[k]` is block `k * stride`; filled in order, never past `block_count`.
+    samples: Vec<Mark>,
+    /// The block after the last one looked up, with its entry not yet read.
+    next: Mark,
 }
 
 impl Weighted for Layout {
     fn weight(&self) -> usize {
-        self.sizes.capacity() * 4 + self.starts.capacity() * 8 + 64
+        // The capacity is reserved up front, so the weight never changes once cached.
+        self.walk.lock().samples.capacity() * std::mem::size_of::<Mark>() + 160
+    }
+}
+
+/// Size entries read at once while summing: one metadata block's worth.
+const BATCH: u64 = 2048;
+
+impl Layout {
+    /// Block `i` (below `block_count`): where its data starts and its size entry. Sums at
+    /// most `stride` entries, or one when reads go forward block by block.
+    fn block(&self, fs: &SquashFs, i: u64) -> Result<(u64, u32)> {
+        let mut w = self.walk.lock();
+        let k = i / self.stride;
+        if let Some(s) = w.samples.get(k as usize) {
+            if s.index == i {
+                return Ok((s.start, s.stored));
+            }
+        }
+        // Start from the nearest known point at or before `i`: the sample, or where the
+        // last lookup stopped if that is nearer.
+        let sample = w
+            .samples
+            .get((k as usize).min(w.samples.len().saturating_sub(1)))
+            .copied();
+        let mut at = match (sample, w.next) {
+            (_, n) if n.index <= i && sample.is_none_or(|s| n.index > s.index) => n,
+            (Some(s), _) => s,
+            (None, _) => self.origin,
+        };
+        let mut c = fs.cursor(at.meta.0, at.meta.1 as usize);
+        let mut buf = [0u8; 4 * BATCH as usize];
+        let mut found = None;
+        while at.index <= i {
+            // A batch ends at `i` and at the next sample, so every sample starts a batch
+            // and the cursor's position is that sample's.
+            let until = (i + 1)
+                .min((at.index / self.stride + 1) * self.stride)
+                .min(at.index + BATCH);
+            let record = at.index == w.samples.len() as u64 * self.stride;
+            let meta = (c.block, c.offset as u32);
+            let bytes = &mut buf[..4 * (until - at.index) as usize];
+            c.read(bytes)?;
+            for e in bytes.chunks_exact(4) {
+                let stored = u32::from_le_bytes(e.try_into().unwrap());
+                let len = u64::from(stored & SIZE_MASK);
+                if len > u64::from(fs.sb.block_size) {
+                    return Err(Error::corrupt(format!(
+                        "block of {len} bytes on disk in a {}-byte block image",
+                        fs.sb.block_size
+                    )));
+                }
+                if at.start.saturating_add(len) > fs.sb.bytes_used {
+                    return Err(Error::corrupt("file blocks run past the end of the image"));
+                }
+                if record && at.index % self.stride == 0 {
+                    w.samples.push(Mark { stored, meta, ..at });
+                }
+                if at.index == i {
+                    found = Some((at.start, stored));
+                }
+                at.index += 1;
+                at.start += len;
+            }
+            at.meta = (c.block, c.offset as u32);
+        }
+        w.next = at;
+        found.ok_or_else(|| Error::corrupt("block list walk missed its block"))
     }
 }
 
@@ -38,33 +137,24 @@ impl SquashFs {
                 Body::Dir(_) => return Err(Error::IsDir),
                 _ => return Err(Error::corrupt("read of an inode that is not a file")),
             };
-            let mut c = self.cursor(f.sizes_pos.0, f.sizes_pos.1);
-            let n = f.block_count as usize;
-            let mut sizes = Vec::with_capacity(n);
-            let mut starts = Vec::with_capacity(n);
-            let mut pos = f.blocks_start;
-            for _ in 0..n {
-                let s = c.u32()?;
-                if s & SIZE_MASK > self.sb.block_size {
-                    return Err(Error::corrupt(format!(
-                        "block of {} bytes on disk in a {}-byte block image",
-                        s & SIZE_MASK,
-                        self.sb.block_size
-                    )));
-                }
-                sizes.push(s);
-                starts.push(pos);
-                pos += u64::from(s & SIZE_MASK);
-            }
-            if pos > self.sb.bytes_used {
-                return Err(Error::corrupt("file blocks run past the end of the image"));
-            }
+            let stride = f.block_count.div_ceil(MAX_SAMPLES).max(1);
+            let origin = Mark {
+                index: 0,
+                start: f.blocks_start,
+                stored: 0,
+                meta: (f.sizes_pos.0, f.sizes_pos.1 as u32),
+            };
             Ok(Layout {
                 size: f.size,
-                sizes,
-                starts,
                 fragment: f.fragment,
                 frag_offset: f.frag_offset,
+                block_count: f.block_count,
+                stride,
+                origin,
+                walk: Mutex::new(Walk {
+                    samples: Vec::with_capacity(f.block_count.div_ceil(stride) as usize),
+                    next: origin,
+                }),
             })
         })
     }
@@ -74,11 +164,11 @@ impl SquashFs {
     fn chunk(&self, layout: &Layout, i: u64) -> Result<(Arc<Vec<u8>>, usize, usize)> {
         let bs = u64::from(self.sb.block_size);
         let len = (layout.size - i * bs).min(bs) as usize;
-        if let Some(&stored) = layout.sizes.get(i as usize) {
+        if i < layout.block_count {
+            let (pos, stored) = layout.block(self, i)?;
             if stored & SIZE_MASK == 0 {
                 return Ok((self.zero_block.clone(), 0, len));
             }
-            let pos = layout.starts[i as usize];
             let block = self
                 .data_cache
                 .get_or_load(pos, || self.load_block(pos, stored))?;
@@ -128,7 +218,7 @@ impl SquashFs {
         if offset >= layout.size || size == 0 {
             return Ok(Data::Owned(Buf::default()));
         }
-        let end = (offset + u64::from(size)).min(layout.size);
+        let end = offset.saturating_add(u64::from(size)).min(layout.size);
         let bs = u64::from(self.sb.block_size);
         let (first, last) = (offset / bs, (end - 1) / bs);
         if first == last {

@@ -9,6 +9,14 @@ use crate::error::{Error, Result};
 
 pub const BLOCK_SIZE: usize = 8192;
 
+/// The most bytes `span` bytes of the metadata stream on disk can decode to. Every block
+/// has a 2-byte header and at least one byte of payload (an empty block is corrupt) and
+/// decodes to at most 8 KiB, so a run of zeros can expand about 2,700-fold: bounds on what
+/// a table holds must be derived from this, never from the table's size on disk.
+pub fn max_decoded(span: u64) -> u64 {
+    span / 3 * BLOCK_SIZE as u64
+}
+
 pub struct MetaBlock {
     pub data: Vec<u8>,
     /// Position of the block that follows this one on disk.
@@ -115,9 +123,15 @@ impl Cursor<'_> {
         Ok(())
     }
 
+    /// The next `n` bytes, read a block at a time: a hostile length runs into the end of
+    /// the metadata before it can allocate more than the stream really decodes to.
     pub fn bytes(&mut self, n: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; n];
-        self.read(&mut v)?;
+        let mut v = Vec::with_capacity(n.min(BLOCK_SIZE));
+        while v.len() < n {
+            let at = v.len();
+            v.resize(at + (n - at).min(BLOCK_SIZE), 0);
+            self.read(&mut v[at..])?;
+        }
         Ok(v)
     }
 

@@ -2,6 +2,7 @@
 //! the real tools, and mounts that are always cleaned up.
 #![allow(dead_code)]
 
+pub mod huge;
 pub mod suite;
 pub mod tree;
 pub mod user;
@@ -28,9 +29,11 @@ impl TempDir {
         TempDir::new_in(&std::env::temp_dir(), tag)
     }
 
-    pub fn new_in(parent: &Path, tag: &str) -> TempDir {
+    /// A temporary directory under `base` (/tmp for what another user must reach,
+    /// /dev/shm for trees whose xattrs ext4 cannot hold).
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let p = parent.join(format!(
+        let p = base.join(format!(
             "archfs-test-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
@@ -202,6 +205,21 @@ pub fn server_proc(mnt: &Path, file: &str, key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key} in /proc/PID/{file}"))
         .trim()
         .to_owned()
+}
+
+/// Peak resident memory (VmHWM) of this process, in bytes.
+pub fn own_peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .expect("VmHWM in /proc/self/status")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmHWM in kB");
+    kib << 10
 }
 
 /// Peak resident memory (VmHWM) of the server serving `mnt`, in bytes.
