@@ -167,8 +167,8 @@ pub struct Builder<'a> {
     progress: &'a mut dyn FnMut(u64),
 }
 
-/// Limits on metadata a hostile archive could inflate.
-const MAX_META: u64 = 16 << 20;
+/// How deep tars nested in tars are opened as directories (`--recursive`); a deeper one is
+/// shown as the plain file it is, so this refuses nothing and bounds the recursion.
 const MAX_DEPTH: u32 = 8;
 
 /// A member's attributes gathered from its header and any PAX/GNU extensions.
@@ -300,8 +300,12 @@ impl<'a> Builder<'a> {
             let size = h.size()?;
             let data_start = pos + BLOCK;
             let typeflag = h.typeflag();
+            // PAX records and GNU long names have no size limit in the format (GNU tar
+            // archives paths longer than PATH_MAX, and a member's xattrs can reach several
+            // MiB), and what they say is kept in the index anyway: bounded by the archive,
+            // one byte of memory a byte of archive, not by a guess.
             let read_meta = |what: &str| -> Result<Vec<u8>> {
-                if size > MAX_META || data_start + size > end {
+                if data_start.saturating_add(size) > end {
                     return Err(Error::corrupt(format!(
                         "{what} of {size} bytes at offset {pos} is too large or truncated"
                     )));
@@ -355,7 +359,9 @@ impl<'a> Builder<'a> {
             if typeflag == b'S' {
                 let (mut map, mut more, real) = h.gnu_sparse()?;
                 while more {
-                    if data_pos + BLOCK > end || map.len() > 1 << 20 {
+                    // Each 512-byte extension block adds 21 entries: the map is bounded
+                    // by the archive, not by a count.
+                    if data_pos + BLOCK > end {
                         return Err(Error::corrupt("GNU sparse map is truncated"));
                     }
                     let ext = reader.block(data_pos)?;
@@ -589,35 +595,36 @@ impl<'a> Builder<'a> {
     ) -> Result<()> {
         if sp.map_in_data {
             // PAX 1.0: decimal numbers, one per line: count, then offset/length pairs,
-            // padded to a block boundary.
-            let mut text = Vec::new();
+            // padded to a block boundary. GNU tar writes a line a region, so a file of a
+            // million regions has a map of some 20 MiB: it is parsed a block at a time,
+            // and bounded by the member's stored data, which holds it.
+            let mut partial = Vec::new();
             let mut lines: Vec<u64> = Vec::new();
             let mut want = None;
             let mut off = data_pos;
             while want.is_none_or(|w| lines.len() < w) {
-                if off + BLOCK > data_pos + stored || text.len() as u64 > MAX_META {
+                if off + BLOCK > data_pos + stored {
                     return Err(Error::corrupt(format!(
                         "sparse map of {display} is truncated"
                     )));
                 }
-                text.extend(self.src.read_vec(off, BLOCK as usize)?);
+                partial.extend(self.src.read_vec(off, BLOCK as usize)?);
                 off += BLOCK;
-                lines.clear();
-                let complete = match text.iter().rposition(|&b| b == b'\n') {
-                    Some(p) => &text[..p],
-                    None => continue,
+                let Some(p) = partial.iter().rposition(|&b| b == b'\n') else {
+                    continue;
                 };
-                for l in complete.split(|&b| b == b'\n') {
+                for l in partial[..p].split(|&b| b == b'\n') {
                     lines.push(
                         header::pax_number(l).ok_or_else(|| {
                             Error::corrupt(format!("bad sparse map in {display}"))
                         })?,
                     );
                 }
-                if let Some(&count) = lines.first() {
-                    // Each pair takes at least four bytes ("0\n0\n") of a map that may not
-                    // exceed MAX_META: a larger count is a lie, not a reason to overflow.
-                    if count > MAX_META / 4 {
+                partial.drain(..=p);
+                if let (None, Some(&count)) = (want, lines.first()) {
+                    // Each pair takes at least four bytes ("0\n0\n") of the stored data:
+                    // a larger count is a lie, not a reason to overflow.
+                    if count > stored / 4 {
                         return Err(Error::corrupt(format!(
                             "sparse map of {display} claims {count} regions"
                         )));
