@@ -276,6 +276,16 @@ fn sparse_tree(dir: &TempDir, size: u64) -> std::path::PathBuf {
 /// squashfs-tools-ng (gensquashfs, tar2sqfs) counts every entry of a directory in its link
 /// count, so its images are compared with the kernel's view of them, and with the source
 /// except for that.
+/// `src` packed by mksquashfs and by gensquashfs, each mount compared with it.
+fn check_both_tools(dir: &TempDir, src: &Path) {
+    let img = dir.join("mk.sqfs");
+    mksquashfs(src, &img, &[]);
+    check_image(dir, &img, Some(src), &CompareOpts::default(), "mksquashfs");
+    let img = dir.join("gen.sqfs");
+    gensquashfs(src, &img, &[]);
+    check_ng_image(dir, &img, src);
+}
+
 fn check_ng_image(dir: &TempDir, img: &Path, src: &Path) {
     check_image(dir, img, None, &CompareOpts::default(), "squashfs-tools-ng");
     let m = Mount::new(img, &dir.join("mnt"), &[]);
@@ -453,18 +463,7 @@ fn long_symlinks() {
             .collect();
         std::os::unix::fs::symlink(&target, src.join(format!("link{n}"))).unwrap();
     }
-    let img = dir.join("mk.sqfs");
-    mksquashfs(&src, &img, &[]);
-    check_image(
-        &dir,
-        &img,
-        Some(&src),
-        &CompareOpts::default(),
-        "mksquashfs",
-    );
-    let img = dir.join("gen.sqfs");
-    gensquashfs(&src, &img, &[]);
-    check_ng_image(&dir, &img, &src);
+    check_both_tools(&dir, &src);
 }
 
 /// Values of the largest size Linux allows (XATTR_SIZE_MAX, 64 KiB), a file with many
@@ -495,17 +494,7 @@ fn large_xattr_values_and_tables() {
             std::io::Error::last_os_error()
         );
     };
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut rnd = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 24) as u8
-            })
-            .collect()
-    };
+    let mut rnd = common::xorshift_bytes(0x2545_F491_4F6C_DD1D);
     let big = src.join("big-values");
     std::fs::write(&big, b"x").unwrap();
     set(&big, "user.max", &rnd(65536));
@@ -523,16 +512,5 @@ fn large_xattr_values_and_tables() {
         std::fs::write(&f, b"").unwrap();
         set(&f, "user.v", &rnd(100 + i % 300));
     }
-    let img = dir.join("mk.sqfs");
-    mksquashfs(&src, &img, &[]);
-    check_image(
-        &dir,
-        &img,
-        Some(&src),
-        &CompareOpts::default(),
-        "mksquashfs",
-    );
-    let img = dir.join("gen.sqfs");
-    gensquashfs(&src, &img, &[]);
-    check_ng_image(&dir, &img, &src);
+    check_both_tools(&dir, &src);
 }

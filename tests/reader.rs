@@ -20,17 +20,7 @@ fn source_tree(dir: &TempDir) -> std::path::PathBuf {
     let src = dir.join("src");
     std::fs::create_dir_all(src.join("big")).unwrap();
     std::fs::create_dir_all(src.join("a/b/c")).unwrap();
-    let mut seed = 12345u64;
-    let mut rnd = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 24) as u8
-            })
-            .collect()
-    };
+    let mut rnd = common::xorshift_bytes(12345);
     for (i, size) in [
         0usize, 1, 4095, 4096, 4097, 65536, 131071, 131072, 131073, 400_000,
     ]

@@ -251,3 +251,17 @@ pub fn pids_with_args(needles: &[&[u8]]) -> Vec<i32> {
 pub fn watchdog_pids(mnt: &Path) -> Vec<i32> {
     pids_with_args(&[b"__watchdog", mnt.as_os_str().as_encoded_bytes()])
 }
+
+/// A seeded generator of pseudo-random byte strings (xorshift): `rnd(n)` gives n bytes.
+pub fn xorshift_bytes(mut seed: u64) -> impl FnMut(usize) -> Vec<u8> {
+    move |n| {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 24) as u8
+            })
+            .collect()
+    }
+}
