@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 
 use archfs::archive::{self, Archive, Kind, ROOT_INO};
 use archfs::cache::CacheConfig;
@@ -161,13 +162,7 @@ fn every_compressor_and_layout_reads_back_exactly() {
     for args in variants {
         let img = dir.join("img.sqfs");
         mksquashfs(&src, &img, args);
-        let a = archive::open(
-            &img,
-            &CacheConfig {
-                total_bytes: 1 << 20,
-            },
-        )
-        .unwrap();
+        let a = open_with_cache(&img, 1 << 20);
         let n = walk_compare(&*a, ROOT_INO, &src, !args.contains(&"-no-xattrs"));
         assert!(n > 3000, "{args:?}: walked only {n} entries");
     }
@@ -203,6 +198,11 @@ fn lookups_use_the_directory_index_and_miss_cleanly() {
     assert!(matches!(a.readlink(f0.ino), Err(Error::NotSymlink)));
 }
 
+/// The archive at `img` with a block cache of `bytes`.
+fn open_with_cache(img: &Path, bytes: u64) -> Arc<dyn Archive> {
+    archive::open(img, &CacheConfig { total_bytes: bytes }).unwrap()
+}
+
 #[test]
 fn parallel_readers_of_one_archive_agree() {
     let dir = TempDir::new("threads");
@@ -210,13 +210,7 @@ fn parallel_readers_of_one_archive_agree() {
     let img = dir.join("img.sqfs");
     mksquashfs(&src, &img, &["-comp", "zstd"]);
     // A cache far smaller than the data, so eviction races with the readers.
-    let a = archive::open(
-        &img,
-        &CacheConfig {
-            total_bytes: 256 << 10,
-        },
-    )
-    .unwrap();
+    let a = open_with_cache(&img, 256 << 10);
     let big = a.lookup(ROOT_INO, b"big").unwrap();
     let entries = a.read_dir(big.ino).unwrap();
     std::thread::scope(|s| {
@@ -256,13 +250,7 @@ fn a_16_tib_sparse_file_reads_without_per_block_memory() {
     file.write(&img);
     assert!(std::fs::metadata(&img).unwrap().len() < 8 << 20);
     let before = own_peak_rss();
-    let a = archive::open(
-        &img,
-        &CacheConfig {
-            total_bytes: 16 << 20,
-        },
-    )
-    .unwrap();
+    let a = open_with_cache(&img, 16 << 20);
     let attr = a.lookup(ROOT_INO, b"big").unwrap();
     assert_eq!(attr.size, size);
     let reads: &[(u64, u32)] = &[
