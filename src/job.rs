@@ -729,12 +729,7 @@ fn watch_signals(signals: &[i32], events: Sender<Event>) {
 /// Sends `Event::OwnerEnded` once process `pid` has ended: its pidfd (Linux 5.3+) turns
 /// readable, or, on older kernels, polling sees it gone or a zombie.
 fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
-    let gone = move || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-            s.rsplit_once(") ")
-                .is_none_or(|(_, rest)| rest.starts_with('Z'))
-        })
-    };
+    let gone = move || mountpoint::start_time(pid).is_none();
     if gone() {
         return Err(format!("--exit-with {pid}: there is no process {pid}"));
     }

@@ -206,16 +206,21 @@ pub fn servers_of(path: &Path) -> Vec<i32> {
 
 /// Waits up to `timeout` for the processes to exit (a zombie counts as exited).
 pub fn wait_for_exit(pids: &[i32], timeout: std::time::Duration) {
-    let alive = |pid: &i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-            .unwrap_or(false)
-    };
     let end = std::time::Instant::now() + timeout;
-    while pids.iter().any(alive) && std::time::Instant::now() < end {
+    while pids.iter().any(|&p| start_time(p).is_some()) && std::time::Instant::now() < end {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// The start time of a live (not zombie) process, in clock ticks since boot.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(") ")?.1;
+    if rest.starts_with('Z') || rest.starts_with('X') {
+        return None;
+    }
+    // Field 22 of stat; `rest` starts at field 3.
+    rest.split(' ').nth(19)?.parse().ok()
 }
 
 /// How an unmount went: at once, or detached while files stay open.

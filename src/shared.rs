@@ -9,6 +9,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::mountpoint::start_time;
+
 /// The registry of one shared mount point: `.NAME.archfs-shared/` beside it, holding
 /// `lock` and one `PID-STARTTIME` file per rank (the start time tells a reused pid apart).
 pub struct Registry {
@@ -108,17 +110,6 @@ impl Registry {
         }
         live
     }
-}
-
-/// The start time of a live (not zombie) process, in clock ticks since boot.
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(") ")?.1;
-    if rest.starts_with('Z') || rest.starts_with('X') {
-        return None;
-    }
-    // Field 22 of stat; `rest` starts at field 3.
-    rest.split(' ').nth(19)?.parse().ok()
 }
 
 #[cfg(test)]
