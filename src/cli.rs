@@ -120,7 +120,7 @@ struct ServeArgs {
     /// Bytes of decompressed blocks kept in memory (K, M, G suffixes, powers of 1024).
     #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = parse_size)]
     cache_size: u64,
-    /// FUSE request threads [default: twice the CPUs, 4 to 16].
+    /// FUSE request threads [default: twice the CPUs, 4 to 64].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Mount options, comma-separated; `allow_other` lets other users read the mount
@@ -156,6 +156,18 @@ struct ServeArgs {
         default_missing_value = "always"
     )]
     preload: Preload,
+    /// Whether directory listings carry each entry's attributes, so that stat or open of
+    /// a listed file needs no further request: `always`, `auto` (the kernel decides per
+    /// listing) or `never`.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = Readdirplus::Always)]
+    readdirplus: Readdirplus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum Readdirplus {
+    Always,
+    Auto,
+    Never,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -400,7 +412,8 @@ fn mode_string(kind: Kind, perm: u16) -> String {
 
 fn default_threads() -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cpus * 2).clamp(4, 16)
+    // A big node runs 32+ DataLoader workers; each thread serves one request at a time.
+    (cpus * 2).clamp(4, 64)
 }
 
 /// What `mount` and `run` were asked for, checked.
@@ -438,6 +451,11 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
             Preload::Auto => job::Preload::Auto,
             Preload::Always => job::Preload::Always,
             Preload::Never => job::Preload::Never,
+        },
+        readdirplus: match serve.readdirplus {
+            Readdirplus::Always => crate::fuse::Readdirplus::Always,
+            Readdirplus::Auto => crate::fuse::Readdirplus::Auto,
+            Readdirplus::Never => crate::fuse::Readdirplus::Never,
         },
         debug: serve.debug,
     })

@@ -8,7 +8,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request,
 };
 use parking_lot::Mutex;
 
@@ -19,19 +20,34 @@ use crate::vfs::Vfs;
 /// The archive never changes while mounted, so the kernel may keep what it learns.
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// Whether directory listings carry every entry's attributes (READDIRPLUS), so that a
+/// walk that stats each file, or a first epoch that opens each one, needs no LOOKUP
+/// request per file afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readdirplus {
+    /// Every listing.
+    Always,
+    /// The kernel's adaptive mode: the first part of a listing, and parts after a lookup
+    /// in that directory.
+    Auto,
+    Never,
+}
+
 pub struct ArchFs {
     vfs: Vfs,
     block_size: u32,
+    readdirplus: Readdirplus,
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
 }
 
 impl ArchFs {
-    pub fn new(vfs: Vfs) -> ArchFs {
+    pub fn new(vfs: Vfs, readdirplus: Readdirplus) -> ArchFs {
         let block_size = vfs.archive().stats().block_size;
         ArchFs {
             vfs,
             block_size,
+            readdirplus,
             logged: Mutex::new(HashSet::new()),
         }
     }
@@ -90,11 +106,17 @@ fn file_type(kind: Kind) -> FileType {
 
 impl Filesystem for ArchFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // No readdirplus: attributes in listings make the kernel build an inode for every
-        // entry it lists, which doubled the time of `find` and of ImageFolder's index
-        // (0.039 against 0.019 s for 10,000 files; the kernel driver 0.018 s) and did not
-        // measurably speed up reading the listed files afterwards (docs/BENCHMARKS.md).
-        let wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
+        // Readdirplus trades a slower listing (the kernel builds an inode for every entry
+        // it lists) for no LOOKUP round trip per file later: at 1.28 M files a stat of
+        // every file went from 124 s to ... (docs/BENCHMARKS.md, "ImageNet scale").
+        let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
+        match self.readdirplus {
+            Readdirplus::Always => wanted |= InitFlags::FUSE_DO_READDIRPLUS,
+            Readdirplus::Auto => {
+                wanted |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
+            }
+            Readdirplus::Never => {}
+        }
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks capabilities {missing:?}");
             let _ = config.add_capabilities(wanted & !missing);
@@ -212,6 +234,38 @@ impl Filesystem for ArchFs {
         for (i, e) in listing.iter().enumerate().skip(offset as usize) {
             let name = OsStr::from_bytes(&e.name);
             if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let listing = match self.vfs.listing(fh.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
+        };
+        for (i, e) in listing.iter().enumerate().skip(offset as usize) {
+            let attr = match self.vfs.archive().attr(e.ino) {
+                Ok(a) => self.attr(&a),
+                Err(err) => return reply.error(self.errno("readdirplus", e.ino, &err)),
+            };
+            let name = OsStr::from_bytes(&e.name);
+            if reply.add(
+                INodeNo(e.ino),
+                i as u64 + 1,
+                name,
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
                 break;
             }
         }

@@ -28,7 +28,7 @@ use fuser::{Config, Session, SessionACL};
 
 use crate::archive::{self, Archive};
 use crate::cache::CacheConfig;
-use crate::fuse::ArchFs;
+use crate::fuse::{ArchFs, Readdirplus};
 use crate::fuse_mount;
 use crate::mountpoint::{self, MountId, Prepared};
 use crate::preload::{self, Trigger};
@@ -53,6 +53,7 @@ pub struct Settings {
     /// Where a tar archive's index is kept (default: beside it, or the cache dir).
     pub index: Option<PathBuf>,
     pub preload: Preload,
+    pub readdirplus: Readdirplus,
     pub debug: bool,
 }
 
@@ -508,7 +509,7 @@ impl Mount {
             let prepared = mountpoint::prepare(&s.mountpoint)?;
             let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
                 .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
-            let fs = ArchFs::new(Vfs::new(archive.clone(), trigger.clone()));
+            let fs = ArchFs::new(Vfs::new(archive.clone(), trigger.clone()), s.readdirplus);
             let session =
                 fuse_mount::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
                     Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {

@@ -165,6 +165,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         recursive: false,
         index: None,
         preload: job::Preload::Never,
+        readdirplus: archfs::fuse::Readdirplus::Always,
         debug: false,
     };
     let mut baseline = None;

@@ -65,6 +65,15 @@ fn check_against_extraction(dir: &TempDir, tar: &Path, what: &str, opts: &Compar
     let mnt = dir.join(format!("mnt-{what}"));
     let m = Mount::new(tar, &mnt, &["--cache-size", "16M"]);
     assert_same(&ex, &m.path, opts, what);
+    drop(m);
+    // Again from the index the first mount saved: the packed file must serve the same.
+    let saved = tar.with_file_name(format!(
+        "{}.archfs-index",
+        tar.file_name().unwrap().to_string_lossy()
+    ));
+    assert!(saved.exists(), "{what}: no index saved at {saved:?}");
+    let m = Mount::new(tar, &mnt, &["--cache-size", "16M"]);
+    assert_same(&ex, &m.path, opts, &format!("{what}, saved index"));
 }
 
 fn gnu_tar(dir: &TempDir, src: &Path, format: &str, extra: &[&str]) -> PathBuf {
@@ -468,6 +477,47 @@ fn the_index_is_saved_reused_and_rebuilt_when_stale_or_damaged() {
     let m = mount(&["--index", chosen.to_str().unwrap()]);
     drop(m);
     assert!(chosen.exists());
+}
+
+/// ImageNet's shape (a directory per class, `n01440764_10026.JPEG` names, files of one
+/// owner and mode): the packed index stays under 50 bytes an entry in memory and on disk.
+#[test]
+fn an_imagenet_shaped_index_takes_under_50_bytes_an_entry() {
+    let dir = TempDir::new("tar-compact");
+    let tar = dir.join("train.tar");
+    let script = r#"
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
+    for c in range(20):
+        d = "train/n%08d" % (1440764 + c)
+        for i in range(1000):
+            data = b"x" * (i % 300)
+            info = tarfile.TarInfo("%s/%s_%d.JPEG" % (d, d[6:], 10000 + i))
+            info.size, info.mtime, info.uid, info.gid = len(data), 1_300_000_000 + i, 1000, 1000
+            t.addfile(info, io.BytesIO(data))
+"#;
+    run_ok(Command::new("python3").arg("-c").arg(script).arg(&tar));
+    let entries = 20 * 1000 + 20 + 1;
+    let open = || {
+        archfs::tar::open(
+            archfs::archive::Source::open(&tar).unwrap(),
+            archfs::tar::BuildOptions::default(),
+            None,
+        )
+        .unwrap()
+    };
+    let built = open();
+    let in_memory = built.index().heap_bytes();
+    let on_disk = std::fs::metadata(dir.join("train.tar.archfs-index"))
+        .unwrap()
+        .len() as usize;
+    let loaded = open();
+    assert_eq!(built.index(), loaded.index(), "the saved index differs");
+    for (what, bytes) in [("in memory", in_memory), ("on disk", on_disk)] {
+        let per = bytes as f64 / entries as f64;
+        eprintln!("{what}: {bytes} bytes, {per:.1} an entry");
+        assert!(per < 50.0, "{what}: {per:.1} bytes an entry");
+    }
 }
 
 #[test]

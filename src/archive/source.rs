@@ -47,6 +47,21 @@ impl Source {
         })
     }
 
+    /// Asks the kernel to start reading `[at, at + len)` into the page cache, without
+    /// waiting: a scan that will read it soon overlaps that I/O with its own work.
+    pub fn will_need(&self, at: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fadvise only reads its arguments; the file is open.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                at as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }

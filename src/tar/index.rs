@@ -3,7 +3,9 @@
 //! without touching the archive again.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
+use super::column::Column;
 use super::header::{self, Header, BLOCK};
 use crate::archive::{Kind, Source};
 use crate::error::{Error, Result};
@@ -14,9 +16,9 @@ pub const ROOT: u32 = 0;
 /// Node flags.
 pub const SPARSE: u8 = 1;
 
-/// One inode. For a file `data` is the archive offset of its bytes (or, when sparse,
-/// the first of `aux` segments); for a directory it is the first of `aux` entries; for a
-/// symlink it is the offset of the target in the string table, `aux` long.
+/// One inode, unpacked. For a file `data` is the archive offset of its bytes (or, when
+/// sparse, the first of `aux` segments); for a directory it is the first of `aux`
+/// entries; for a symlink it is the offset of the target in `links`, `aux` long.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Node {
     pub size: u64,
@@ -34,14 +36,6 @@ pub struct Node {
     pub flags: u8,
 }
 
-/// A name in a directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dirent {
-    pub name_off: u64,
-    pub name_len: u32,
-    pub node: u32,
-}
-
 /// A run of real data in a sparse file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -52,14 +46,48 @@ pub struct Segment {
 
 pub type XattrSet = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// The fields of a node that few distinct values cover (kind, mode, owner, link count,
+/// device, xattr set): each distinct combination is stored once, and a node holds its
+/// number in that table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Meta {
+    pub kind: u8,
+    pub flags: u8,
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub xattrs: u32,
+}
+
+/// The index, packed: one [`Column`] a field, at the narrowest width its values need.
+/// A node's `size` column holds a directory's entry count and a symlink's target length;
+/// its `data` column a file's offset in units of `1 << file_shift` bytes, a directory's
+/// first entry, a symlink's target offset in `links`, or a sparse file's row in `sparse`.
+/// Directory entries are ranges of the dirent columns, sorted by name; the names of all
+/// entries lie end to end in `names`, in entry order.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Index {
-    pub nodes: Vec<Node>,
-    pub dirents: Vec<Dirent>,
-    /// Names and symlink targets.
-    pub strings: Vec<u8>,
-    pub segments: Vec<Segment>,
-    pub xattrs: Vec<XattrSet>,
+    pub(super) nodes: usize,
+    pub(super) size: Column,
+    pub(super) data: Column,
+    pub(super) mtime: Column,
+    pub(super) mtime_base: i64,
+    pub(super) nsec: Column,
+    pub(super) meta: Column,
+    pub(super) metas: Vec<Meta>,
+    pub(super) file_shift: u32,
+    pub(super) dirents: usize,
+    pub(super) name_end: Column,
+    pub(super) child: Column,
+    pub(super) names: Vec<u8>,
+    /// Symlink targets, end to end.
+    pub(super) links: Vec<u8>,
+    /// (first segment, count) of each sparse file.
+    pub(super) sparse: Vec<(u64, u32)>,
+    pub(super) segments: Vec<Segment>,
+    pub(super) xattrs: Vec<XattrSet>,
     /// Members that were left out (unsafe names, dangling hard links), for the log.
     pub skipped: Vec<String>,
 }
@@ -89,32 +117,175 @@ pub fn kind_of(code: u8) -> Kind {
 }
 
 impl Index {
-    pub fn name(&self, d: &Dirent) -> &[u8] {
-        &self.strings[d.name_off as usize..d.name_off as usize + d.name_len as usize]
+    /// Packs the builder's nodes into the node columns.
+    fn pack_nodes(&mut self, nodes: &[Node]) {
+        let is_plain_file = |n: &Node| kind_of(n.kind) == Kind::File && n.flags & SPARSE == 0;
+        // Tar puts every member's data on a 512-byte boundary, nested tars included, so
+        // offsets in blocks take 9 bits less; a writer that did not is still served.
+        let file_shift = if nodes
+            .iter()
+            .all(|n| !is_plain_file(n) || n.data % header::BLOCK == 0)
+        {
+            9
+        } else {
+            0
+        };
+        let mtime_base = nodes.iter().map(|n| n.mtime).min().unwrap_or(0);
+        let mut metas: Vec<Meta> = Vec::new();
+        let mut meta_ids: HashMap<Meta, u64> = HashMap::new();
+        let mut sparse = Vec::new();
+        let (mut size, mut data, mut mtime, mut nsec, mut meta) = (
+            Vec::with_capacity(nodes.len()),
+            Vec::with_capacity(nodes.len()),
+            Vec::with_capacity(nodes.len()),
+            Vec::with_capacity(nodes.len()),
+            Vec::with_capacity(nodes.len()),
+        );
+        for n in nodes {
+            let m = Meta {
+                kind: n.kind,
+                flags: n.flags,
+                mode: n.mode,
+                uid: n.uid,
+                gid: n.gid,
+                nlink: n.nlink,
+                rdev: n.rdev,
+                xattrs: n.xattrs,
+            };
+            let id = *meta_ids.entry(m).or_insert_with(|| {
+                metas.push(m);
+                metas.len() as u64 - 1
+            });
+            meta.push(id);
+            mtime.push(n.mtime.wrapping_sub(mtime_base) as u64);
+            nsec.push(u64::from(n.mtime_nsec));
+            let (s, d) = match kind_of(n.kind) {
+                Kind::Dir => (u64::from(n.aux), n.data),
+                Kind::Symlink => (n.size, n.data),
+                Kind::File if n.flags & SPARSE != 0 => {
+                    sparse.push((n.data, n.aux));
+                    (n.size, sparse.len() as u64 - 1)
+                }
+                Kind::File => (n.size, n.data >> file_shift),
+                _ => (0, 0),
+            };
+            size.push(s);
+            data.push(d);
+        }
+        self.nodes = nodes.len();
+        self.size = Column::new(&size);
+        self.data = Column::new(&data);
+        self.mtime = Column::new(&mtime);
+        self.mtime_base = mtime_base;
+        self.nsec = Column::new(&nsec);
+        self.meta = Column::new(&meta);
+        self.metas = metas;
+        self.file_shift = file_shift;
+        self.sparse = sparse;
     }
 
-    pub fn children(&self, dir: u32) -> &[Dirent] {
-        let n = &self.nodes[dir as usize];
-        if kind_of(n.kind) != Kind::Dir {
-            return &[];
+    pub fn node_count(&self) -> usize {
+        self.nodes
+    }
+
+    pub fn dirent_count(&self) -> usize {
+        self.dirents
+    }
+
+    /// Bytes the packed index holds in memory.
+    pub fn heap_bytes(&self) -> usize {
+        let cols = [
+            &self.size,
+            &self.data,
+            &self.mtime,
+            &self.nsec,
+            &self.meta,
+            &self.name_end,
+            &self.child,
+        ];
+        cols.iter().map(|c| c.bytes()).sum::<usize>()
+            + self.metas.len() * std::mem::size_of::<Meta>()
+            + self.names.len()
+            + self.links.len()
+            + self.sparse.len() * 16
+            + self.segments.len() * std::mem::size_of::<Segment>()
+    }
+
+    /// Node `id` (below [`Index::node_count`]) with every field unpacked.
+    pub fn node(&self, id: u32) -> Node {
+        let i = id as usize;
+        let m = self.metas[self.meta.get(i) as usize];
+        let mut n = Node {
+            mtime: self.mtime_base.wrapping_add(self.mtime.get(i) as i64),
+            mtime_nsec: self.nsec.get(i) as u32,
+            uid: m.uid,
+            gid: m.gid,
+            rdev: m.rdev,
+            nlink: m.nlink,
+            xattrs: m.xattrs,
+            mode: m.mode,
+            kind: m.kind,
+            flags: m.flags,
+            ..Node::default()
+        };
+        let (size, data) = (self.size.get(i), self.data.get(i));
+        match kind_of(m.kind) {
+            Kind::Dir => (n.data, n.aux) = (data, size as u32),
+            Kind::Symlink => (n.data, n.size, n.aux) = (data, size, size as u32),
+            Kind::File if m.flags & SPARSE != 0 => {
+                let (first, count) = self.sparse[data as usize];
+                (n.data, n.size, n.aux) = (first, size, count);
+            }
+            Kind::File => (n.data, n.size) = (data << self.file_shift, size),
+            _ => {}
         }
-        &self.dirents[n.data as usize..n.data as usize + n.aux as usize]
+        n
+    }
+
+    /// The name of directory entry `i`.
+    pub fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.name_end.get(i - 1) };
+        &self.names[start as usize..self.name_end.get(i) as usize]
+    }
+
+    /// The node directory entry `i` names.
+    pub fn child(&self, i: usize) -> u32 {
+        self.child.get(i) as u32
+    }
+
+    /// The entries of directory `dir`, sorted by name.
+    pub fn children(&self, dir: u32) -> Range<usize> {
+        let n = self.node(dir);
+        if kind_of(n.kind) != Kind::Dir {
+            return 0..0;
+        }
+        n.data as usize..n.data as usize + n.aux as usize
     }
 
     /// Binary search: directory entries are sorted by name bytes.
     pub fn find(&self, dir: u32, name: &[u8]) -> Option<u32> {
-        let kids = self.children(dir);
-        kids.binary_search_by(|d| self.name(d).cmp(name))
-            .ok()
-            .map(|i| kids[i].node)
+        let (mut lo, mut hi) = (self.children(dir).start, self.children(dir).end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.name(mid).cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(self.child(mid)),
+            }
+        }
+        None
     }
 
     pub fn symlink_target(&self, n: &Node) -> &[u8] {
-        &self.strings[n.data as usize..n.data as usize + n.aux as usize]
+        &self.links[n.data as usize..n.data as usize + n.aux as usize]
     }
 
     pub fn sparse_map(&self, n: &Node) -> &[Segment] {
         &self.segments[n.data as usize..n.data as usize + n.aux as usize]
+    }
+
+    pub fn xattr_set(&self, i: u32) -> Option<&XattrSet> {
+        self.xattrs.get(i as usize)
     }
 }
 
@@ -159,7 +330,8 @@ pub struct Builder<'a> {
     nodes: Vec<Node>,
     entries: Vec<RawEntry>,
     dirs: HashMap<Vec<u8>, u32>,
-    strings: Vec<u8>,
+    /// Symlink targets.
+    links: Vec<u8>,
     segments: Vec<Segment>,
     xattrs: Vec<XattrSet>,
     skipped: Vec<String>,
@@ -220,7 +392,7 @@ impl<'a> Builder<'a> {
             nodes: vec![root],
             entries: Vec::new(),
             dirs,
-            strings: Vec::new(),
+            links: Vec::new(),
             segments: Vec::new(),
             xattrs: Vec::new(),
             skipped: Vec::new(),
@@ -564,10 +736,10 @@ impl<'a> Builder<'a> {
                 return Ok(());
             }
             Kind::Symlink => {
-                node.data = self.strings.len() as u64;
+                node.data = self.links.len() as u64;
                 node.aux = m.link.len() as u32;
                 node.size = m.link.len() as u64;
-                self.strings.extend_from_slice(&m.link);
+                self.links.extend_from_slice(&m.link);
             }
             Kind::BlockDev | Kind::CharDev => node.rdev = m.rdev,
             Kind::File => match m.sparse.take() {
@@ -737,22 +909,21 @@ impl<'a> Builder<'a> {
             }
             e.node != NONE
         });
-        // Names into the string table; children ranges; link counts.
-        let mut dirents = Vec::with_capacity(kept.len());
+        // Names end to end; children ranges; link counts.
+        let mut names = Vec::new();
+        let mut name_end = Vec::with_capacity(kept.len());
+        let mut child = Vec::with_capacity(kept.len());
         let mut starts: Vec<(u32, u64, u32)> = Vec::new();
         for e in &kept {
             match starts.last_mut() {
                 Some(s) if s.0 == e.parent => s.2 += 1,
-                _ => starts.push((e.parent, dirents.len() as u64, 1)),
+                _ => starts.push((e.parent, child.len() as u64, 1)),
             }
-            let name_off = self.strings.len() as u64;
-            self.strings.extend_from_slice(&e.name);
-            dirents.push(Dirent {
-                name_off,
-                name_len: e.name.len() as u32,
-                node: e.node,
-            });
+            names.extend_from_slice(&e.name);
+            name_end.push(names.len() as u64);
+            child.push(u64::from(e.node));
         }
+        drop(kept);
         for n in &mut self.nodes {
             if kind_of(n.kind) == Kind::Dir {
                 n.data = 0;
@@ -767,12 +938,11 @@ impl<'a> Builder<'a> {
             p.data = start;
             p.aux = count;
         }
-        for d in &dirents {
-            let kind = kind_of(self.nodes[d.node as usize].kind);
-            if kind == Kind::Dir {
-                // Counted once per parent entry below.
-            } else {
-                self.nodes[d.node as usize].nlink += 1;
+        for &c in &child {
+            let n = &mut self.nodes[c as usize];
+            // A directory's count is its own two plus one per subdirectory, below.
+            if kind_of(n.kind) != Kind::Dir {
+                n.nlink += 1;
             }
         }
         for i in 0..self.nodes.len() {
@@ -780,20 +950,28 @@ impl<'a> Builder<'a> {
                 continue;
             }
             let (s, c) = (self.nodes[i].data as usize, self.nodes[i].aux as usize);
-            let subdirs = dirents[s..s + c]
+            let subdirs = child[s..s + c]
                 .iter()
-                .filter(|d| kind_of(self.nodes[d.node as usize].kind) == Kind::Dir)
+                .filter(|&&d| kind_of(self.nodes[d as usize].kind) == Kind::Dir)
                 .count() as u32;
             self.nodes[i].nlink = 2 + subdirs;
         }
-        Index {
-            nodes: self.nodes,
-            dirents,
-            strings: self.strings,
+        names.shrink_to_fit();
+        self.links.shrink_to_fit();
+        self.segments.shrink_to_fit();
+        let mut ix = Index {
+            dirents: child.len(),
+            name_end: Column::new(&name_end),
+            child: Column::new(&child),
+            names,
+            links: self.links,
             segments: self.segments,
             xattrs: self.xattrs,
             skipped: self.skipped,
-        }
+            ..Index::default()
+        };
+        ix.pack_nodes(&self.nodes);
+        ix
     }
 }
 
@@ -864,19 +1042,25 @@ fn looks_like_tar(src: &Source, pos: u64, len: u64) -> bool {
 }
 
 /// Reads header blocks through a window that adapts to the members: where headers are
-/// close together (small members) a 64 KiB read brings many at once; where they are far
-/// apart (ImageNet's 110 KiB JPEGs) a 4 KiB read fetches one without pulling in file
-/// data, so indexing reads little more than the headers themselves.
+/// close together (small members) a 64 KiB read brings many at once, and the kernel is
+/// asked to read ahead of the scan so that the disk works while headers are parsed;
+/// where they are far apart (ImageNet's 110 KiB JPEGs) a 4 KiB read fetches one without
+/// pulling in file data, so indexing reads little more than the headers themselves.
 struct BlockReader<'a> {
     src: &'a Source,
     buf: Vec<u8>,
     at: u64,
     /// Whether the last refill was a jump past the previous window.
     far: bool,
+    /// Where the read-ahead asked for so far ends.
+    advised: u64,
 }
 
 const WINDOW: u64 = 64 << 10;
 const SMALL_WINDOW: u64 = 4 << 10;
+/// Read-ahead of a dense scan. At 1.28 M tiny members (a 1.3 GB tar) the cold first index
+/// took 4.5 s without it, against 1.6 s to stream the file and 1.8 s to index it warm.
+const AHEAD: u64 = 16 << 20;
 
 impl<'a> BlockReader<'a> {
     fn new(src: &'a Source) -> Self {
@@ -885,6 +1069,7 @@ impl<'a> BlockReader<'a> {
             buf: Vec::new(),
             at: 0,
             far: false,
+            advised: 0,
         }
     }
 
@@ -894,6 +1079,11 @@ impl<'a> BlockReader<'a> {
             self.far = pos > end + WINDOW;
             let window = if self.far { SMALL_WINDOW } else { WINDOW };
             let len = window.min(self.src.len().saturating_sub(pos)).max(BLOCK);
+            if !self.far && pos + AHEAD / 2 > self.advised {
+                let from = self.advised.max(pos);
+                self.src.will_need(from, AHEAD);
+                self.advised = from + AHEAD;
+            }
             self.buf = self.src.read_vec(pos, len as usize)?;
             self.at = pos;
         }

@@ -1,6 +1,7 @@
 //! Tar archives (v7, ustar, GNU, PAX) served in place: an index of the headers, and
 //! reads at the members' offsets through the shared block cache.
 
+mod column;
 mod header;
 pub mod index;
 pub mod persist;
@@ -60,12 +61,12 @@ impl TarArchive {
         &self.index
     }
 
-    fn node(&self, ino: u64) -> Result<(u32, &Node)> {
+    fn node(&self, ino: u64) -> Result<(u32, Node)> {
         let id = ino
             .checked_sub(1)
-            .filter(|&i| i < self.index.nodes.len() as u64)
+            .filter(|&i| i < self.index.node_count() as u64)
             .ok_or(Error::NotFound)? as u32;
-        Ok((id, &self.index.nodes[id as usize]))
+        Ok((id, self.index.node(id)))
     }
 
     fn make_attr(&self, id: u32, n: &Node) -> Attr {
@@ -115,15 +116,16 @@ impl TarArchive {
 impl Archive for TarArchive {
     fn format(&self) -> String {
         format!(
-            "tar, {} inodes, {} entries",
-            self.index.nodes.len(),
-            self.index.dirents.len()
+            "tar, {} inodes, {} entries, index {} MiB",
+            self.index.node_count(),
+            self.index.dirent_count(),
+            self.index.heap_bytes() >> 20
         )
     }
 
     fn attr(&self, ino: u64) -> Result<Attr> {
         let (id, n) = self.node(ino)?;
-        Ok(self.make_attr(id, n))
+        Ok(self.make_attr(id, &n))
     }
 
     fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
@@ -132,7 +134,7 @@ impl Archive for TarArchive {
             return Err(Error::NotDir);
         }
         let child = self.index.find(id, name).ok_or(Error::NotFound)?;
-        Ok(self.make_attr(child, &self.index.nodes[child as usize]))
+        Ok(self.make_attr(child, &self.index.node(child)))
     }
 
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
@@ -143,11 +145,13 @@ impl Archive for TarArchive {
         Ok(self
             .index
             .children(id)
-            .iter()
-            .map(|d| DirEntry {
-                ino: u64::from(d.node) + 1,
-                kind: kind_of(self.index.nodes[d.node as usize].kind),
-                name: self.index.name(d).into(),
+            .map(|i| {
+                let child = self.index.child(i);
+                DirEntry {
+                    ino: u64::from(child) + 1,
+                    kind: kind_of(self.index.node(child).kind),
+                    name: self.index.name(i).into(),
+                }
             })
             .collect())
     }
@@ -164,7 +168,7 @@ impl Archive for TarArchive {
         }
         let end = (offset + u64::from(size)).min(n.size);
         if n.flags & SPARSE != 0 {
-            return self.read_sparse(n, offset, end);
+            return self.read_sparse(&n, offset, end);
         }
         let buf = self
             .source
@@ -177,19 +181,14 @@ impl Archive for TarArchive {
         if kind_of(n.kind) != Kind::Symlink {
             return Err(Error::NotSymlink);
         }
-        Ok(self.index.symlink_target(n).to_vec())
+        Ok(self.index.symlink_target(&n).to_vec())
     }
 
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let (_, n) = self.node(ino)?;
         Ok(match n.xattrs {
             index::NONE => Vec::new(),
-            i => self
-                .index
-                .xattrs
-                .get(i as usize)
-                .cloned()
-                .unwrap_or_default(),
+            i => self.index.xattr_set(i).cloned().unwrap_or_default(),
         })
     }
 
@@ -197,7 +196,7 @@ impl Archive for TarArchive {
         Stats {
             bytes: self.source.len(),
             block_size: IO_SIZE,
-            inodes: self.index.nodes.len() as u64,
+            inodes: self.index.node_count() as u64,
             name_max: 255,
         }
     }
@@ -267,11 +266,16 @@ pub fn open(
     }
     tracing::info!(
         "indexed {} entries in {:.2} s",
-        archive.index.dirents.len(),
+        archive.index.dirent_count(),
         started.elapsed().as_secs_f64()
     );
     if let Err(e) = persist::save(&path, &archive.index, &id) {
         tracing::warn!("cannot save the index to {}: {e}", path.display());
     }
+    // The build freed millions of small allocations (a name each) that glibc keeps for
+    // reuse; the server would carry them for the whole job (95 against 56 MB resident at
+    // 1.28 M entries).
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
     Ok(Arc::new(archive))
 }

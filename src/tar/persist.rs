@@ -8,13 +8,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::index::{kind_of, Dirent, Index, Node, Segment, NONE, SPARSE};
+use super::column::Column;
+use super::index::{kind_of, Index, Meta, Segment, NONE, ROOT, SPARSE};
 use crate::archive::{Kind, Source};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
-const VERSION: u32 = 1;
-const NODE_BYTES: usize = 56;
+/// 2: packed columns (1 had fixed 56-byte nodes and 16-byte entries).
+const VERSION: u32 = 2;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,12 +78,6 @@ fn writable(dir: &Path) -> bool {
 struct Out(Vec<u8>);
 
 impl Out {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
     fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
@@ -95,47 +90,48 @@ impl Out {
     }
 }
 
-fn encode(index: &Index, id: &Identity) -> Vec<u8> {
-    let mut o = Out(Vec::with_capacity(
-        64 + index.nodes.len() * (NODE_BYTES + 16),
-    ));
+/// The packed columns as they are in memory, so a remount reads the file in one go and
+/// copies it into place with no per-entry work.
+fn encode(ix: &Index, id: &Identity) -> Vec<u8> {
+    let mut o = Out(Vec::with_capacity(64 + ix.heap_bytes()));
     o.0.extend_from_slice(MAGIC);
     o.u32(VERSION);
     o.u64(id.size);
     o.u64(id.mtime_ns as u64);
     o.u32(id.content);
     o.u32(id.options);
-    o.u64(index.nodes.len() as u64);
-    for n in &index.nodes {
-        o.u64(n.size);
-        o.u64(n.data);
-        o.u64(n.mtime as u64);
-        o.u32(n.mtime_nsec);
-        o.u32(n.uid);
-        o.u32(n.gid);
-        o.u32(n.rdev);
-        o.u32(n.nlink);
-        o.u32(n.xattrs);
-        o.u32(n.aux);
-        o.u16(n.mode);
-        o.u8(n.kind);
-        o.u8(n.flags);
+    o.u64(ix.nodes as u64);
+    o.u64(ix.mtime_base as u64);
+    o.u32(ix.file_shift);
+    for c in [&ix.size, &ix.data, &ix.mtime, &ix.nsec, &ix.meta] {
+        c.write(&mut o.0);
     }
-    o.u64(index.dirents.len() as u64);
-    for d in &index.dirents {
-        o.u64(d.name_off);
-        o.u32(d.name_len);
-        o.u32(d.node);
+    o.u64(ix.metas.len() as u64);
+    for m in &ix.metas {
+        o.0.extend_from_slice(&[m.kind, m.flags]);
+        o.0.extend_from_slice(&m.mode.to_le_bytes());
+        for v in [m.uid, m.gid, m.nlink, m.rdev, m.xattrs] {
+            o.u32(v);
+        }
     }
-    o.bytes(&index.strings);
-    o.u64(index.segments.len() as u64);
-    for s in &index.segments {
+    o.u64(ix.dirents as u64);
+    ix.name_end.write(&mut o.0);
+    ix.child.write(&mut o.0);
+    o.bytes(&ix.names);
+    o.bytes(&ix.links);
+    o.u64(ix.sparse.len() as u64);
+    for &(first, count) in &ix.sparse {
+        o.u64(first);
+        o.u32(count);
+    }
+    o.u64(ix.segments.len() as u64);
+    for s in &ix.segments {
         o.u64(s.offset);
         o.u64(s.len);
         o.u64(s.archive_off);
     }
-    o.u64(index.xattrs.len() as u64);
-    for set in &index.xattrs {
+    o.u64(ix.xattrs.len() as u64);
+    for set in &ix.xattrs {
         o.u64(set.len() as u64);
         for (k, v) in set {
             o.bytes(k);
@@ -193,6 +189,11 @@ impl In<'_> {
         let n = self.count(1)?;
         Some(self.take(n)?.to_vec())
     }
+    fn column(&mut self, len: usize) -> Option<Column> {
+        let (c, used) = Column::read(&self.b[self.at..], len)?;
+        self.at += used;
+        Some(c)
+    }
 }
 
 /// Why a saved index was not used.
@@ -237,35 +238,40 @@ pub fn load(path: &Path, id: &Identity) -> std::result::Result<Index, Rejected> 
 }
 
 fn decode(r: &mut In<'_>) -> Option<Index> {
-    let n = r.count(NODE_BYTES)?;
-    let mut nodes = Vec::with_capacity(n);
+    // Rows take at least a byte each in some column (offsets differ, names are not
+    // empty): a count larger than the file is a lie, not a reason to loop or allocate.
+    let nodes = r.count(1)?;
+    let mtime_base = r.u64()? as i64;
+    let file_shift = r.u32()?;
+    let size = r.column(nodes)?;
+    let data = r.column(nodes)?;
+    let mtime = r.column(nodes)?;
+    let nsec = r.column(nodes)?;
+    let meta = r.column(nodes)?;
+    let n = r.count(22)?;
+    let mut metas = Vec::with_capacity(n);
     for _ in 0..n {
-        nodes.push(Node {
-            size: r.u64()?,
-            data: r.u64()?,
-            mtime: r.u64()? as i64,
-            mtime_nsec: r.u32()?,
-            uid: r.u32()?,
-            gid: r.u32()?,
-            rdev: r.u32()?,
-            nlink: r.u32()?,
-            xattrs: r.u32()?,
-            aux: r.u32()?,
-            mode: r.u16()?,
+        metas.push(Meta {
             kind: r.u8()?,
             flags: r.u8()?,
+            mode: r.u16()?,
+            uid: r.u32()?,
+            gid: r.u32()?,
+            nlink: r.u32()?,
+            rdev: r.u32()?,
+            xattrs: r.u32()?,
         });
     }
-    let n = r.count(16)?;
-    let mut dirents = Vec::with_capacity(n);
+    let dirents = r.count(1)?;
+    let name_end = r.column(dirents)?;
+    let child = r.column(dirents)?;
+    let names = r.bytes()?;
+    let links = r.bytes()?;
+    let n = r.count(12)?;
+    let mut sparse = Vec::with_capacity(n);
     for _ in 0..n {
-        dirents.push(Dirent {
-            name_off: r.u64()?,
-            name_len: r.u32()?,
-            node: r.u32()?,
-        });
+        sparse.push((r.u64()?, r.u32()?));
     }
-    let strings = r.bytes()?;
     let n = r.count(24)?;
     let mut segments = Vec::with_capacity(n);
     for _ in 0..n {
@@ -287,8 +293,20 @@ fn decode(r: &mut In<'_>) -> Option<Index> {
     }
     Some(Index {
         nodes,
+        size,
+        data,
+        mtime,
+        mtime_base,
+        nsec,
+        meta,
+        metas,
+        file_shift,
         dirents,
-        strings,
+        name_end,
+        child,
+        names,
+        links,
+        sparse,
         segments,
         xattrs,
         skipped: Vec::new(),
@@ -300,27 +318,50 @@ fn decode(r: &mut In<'_>) -> Option<Index> {
 fn valid(ix: &Index, archive_len: u64) -> bool {
     let in_range =
         |off: u64, len: u64, total: usize| off.checked_add(len).is_some_and(|e| e <= total as u64);
-    if ix.nodes.is_empty() || kind_of(ix.nodes[0].kind) != Kind::Dir {
+    let columns_fit = [&ix.size, &ix.data, &ix.mtime, &ix.nsec, &ix.meta]
+        .iter()
+        .all(|c| c.fits(ix.nodes))
+        && ix.name_end.fits(ix.dirents)
+        && ix.child.fits(ix.dirents);
+    let metas_ok = ix
+        .metas
+        .iter()
+        .all(|m| m.kind <= 6 && (m.xattrs == NONE || (m.xattrs as usize) < ix.xattrs.len()));
+    if !columns_fit || !metas_ok || ix.nodes == 0 || ix.file_shift > 9 {
         return false;
     }
-    let nodes_ok = ix.nodes.iter().all(|n| {
-        (n.xattrs == NONE || (n.xattrs as usize) < ix.xattrs.len())
-            && n.kind <= 6
-            && match kind_of(n.kind) {
-                Kind::Dir => in_range(n.data, u64::from(n.aux), ix.dirents.len()),
-                Kind::Symlink => in_range(n.data, u64::from(n.aux), ix.strings.len()),
-                Kind::File if n.flags & SPARSE != 0 => {
-                    in_range(n.data, u64::from(n.aux), ix.segments.len())
-                }
-                Kind::File => n.data.checked_add(n.size).is_some_and(|e| e <= archive_len),
-                _ => true,
-            }
+    let meta_ok = (0..ix.nodes).all(|i| (ix.meta.get(i) as usize) < ix.metas.len());
+    if !meta_ok || kind_of(ix.node(ROOT).kind) != Kind::Dir {
+        return false;
+    }
+    let sparse_ok = ix
+        .sparse
+        .iter()
+        .all(|&(first, count)| in_range(first, u64::from(count), ix.segments.len()));
+    let nodes_ok = (0..ix.nodes).all(|i| {
+        let m = ix.metas[ix.meta.get(i) as usize];
+        let (size, data) = (ix.size.get(i), ix.data.get(i));
+        match kind_of(m.kind) {
+            Kind::Dir => in_range(data, size, ix.dirents),
+            Kind::Symlink => size <= u64::from(u32::MAX) && in_range(data, size, ix.links.len()),
+            Kind::File if m.flags & SPARSE != 0 => (data as usize) < ix.sparse.len(),
+            Kind::File => data
+                .checked_mul(1 << ix.file_shift)
+                .and_then(|d| d.checked_add(size))
+                .is_some_and(|e| e <= archive_len),
+            _ => true,
+        }
     });
-    nodes_ok
-        && ix.dirents.iter().all(|d| {
-            (d.node as usize) < ix.nodes.len()
-                && in_range(d.name_off, u64::from(d.name_len), ix.strings.len())
-        })
+    let mut last = 0;
+    let names_ok = (0..ix.dirents).all(|i| {
+        let end = ix.name_end.get(i);
+        let ok = end >= last && end <= ix.names.len() as u64;
+        last = end;
+        ok && (ix.child.get(i) as usize) < ix.nodes
+    });
+    sparse_ok
+        && nodes_ok
+        && names_ok
         && ix.segments.iter().all(|s| {
             s.archive_off
                 .checked_add(s.len)
