@@ -102,36 +102,52 @@ impl Column {
         }
     }
 
-    /// Reads a column of `len` rows written by [`Column::write`] from the front of `b`,
-    /// returning it and the bytes it took; `None` if `b` is too short or malformed.
-    pub fn read(b: &[u8], len: usize) -> Option<(Column, usize)> {
-        let width = usize::from(*b.first()?);
-        let body = &b[1..];
-        if width == 0 {
-            let v = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
-            return Some((Column::Const(v), 9));
+    /// Reads a column of `len` rows written by [`Column::write`], taking its bytes from
+    /// `fill` through a small buffer straight into the typed rows (a whole-column
+    /// temporary left the allocator holding the holes: 8 MiB more resident at 1.28 M
+    /// entries). `None` if the rows would take more than `available` bytes, the input
+    /// runs out, or the width is not one [`Column::write`] writes.
+    pub fn read(
+        fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
+        len: usize,
+        available: u64,
+    ) -> Option<Column> {
+        fn rows<T, const N: usize>(
+            fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
+            len: usize,
+            available: u64,
+            from: fn([u8; N]) -> T,
+        ) -> Option<Vec<T>> {
+            if len.checked_mul(N)? as u64 > available {
+                return None;
+            }
+            let mut out = Vec::with_capacity(len);
+            let mut buf = [0u8; 8192];
+            while out.len() < len {
+                let n = (buf.len() / N).min(len - out.len()) * N;
+                fill(&mut buf[..n])?;
+                out.extend(
+                    buf[..n]
+                        .chunks_exact(N)
+                        .map(|c| from(c.try_into().unwrap())),
+                );
+            }
+            Some(out)
         }
-        let raw = body.get(..len.checked_mul(width)?)?;
-        let col = match width {
-            1 => Column::U8(raw.to_vec()),
-            2 => Column::U16(
-                raw.chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            ),
-            4 => Column::U32(
-                raw.chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            8 => Column::U64(
-                raw.chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
+        let mut width = [0u8; 1];
+        fill(&mut width)?;
+        Some(match width[0] {
+            0 => {
+                let mut v = [0u8; 8];
+                fill(&mut v)?;
+                Column::Const(u64::from_le_bytes(v))
+            }
+            1 => Column::U8(rows(fill, len, available, |b: [u8; 1]| b[0])?),
+            2 => Column::U16(rows(fill, len, available, u16::from_le_bytes)?),
+            4 => Column::U32(rows(fill, len, available, u32::from_le_bytes)?),
+            8 => Column::U64(rows(fill, len, available, u64::from_le_bytes)?),
             _ => return None,
-        };
-        Some((col, 1 + raw.len()))
+        })
     }
 }
 
@@ -158,19 +174,32 @@ mod tests {
             let mut out = Vec::new();
             c.write(&mut out);
             out.push(0xaa);
-            let (back, used) = Column::read(&out, values.len()).unwrap();
-            assert_eq!(back, c);
-            assert_eq!(used, out.len() - 1);
+            let (back, left) = read(&out, values.len());
+            assert_eq!(back, Some(c));
+            assert_eq!(left, 1);
         }
+    }
+
+    /// Reads a column from the front of `b`; returns it and the bytes left unread.
+    fn read(b: &[u8], len: usize) -> (Option<Column>, usize) {
+        let mut at = 0;
+        let mut fill = |buf: &mut [u8]| {
+            buf.copy_from_slice(b.get(at..at + buf.len())?);
+            at += buf.len();
+            Some(())
+        };
+        let c = Column::read(&mut fill, len, b.len() as u64);
+        (c, b.len() - at)
     }
 
     #[test]
     fn short_or_malformed_input_is_refused() {
         let mut out = Vec::new();
         Column::new(&[1, 70_000, 3]).write(&mut out);
-        assert!(Column::read(&out[..out.len() - 1], 3).is_none());
-        assert!(Column::read(&out, usize::MAX).is_none());
-        assert!(Column::read(&[3, 0, 0, 0], 1).is_none());
-        assert!(Column::read(&[], 0).is_none());
+        assert!(read(&out[..out.len() - 1], 3).0.is_none());
+        // A row count larger than the input is refused before anything is allocated.
+        assert!(read(&out, usize::MAX / 8).0.is_none());
+        assert!(read(&[3, 0, 0, 0], 1).0.is_none());
+        assert!(read(&[], 0).0.is_none());
     }
 }
