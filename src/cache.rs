@@ -98,6 +98,12 @@ impl<V: Weighted> BlockCache<V> {
         &self.shards[h as usize % SHARDS]
     }
 
+    /// The block at `key` if it is loaded; never loads or waits.
+    pub fn get(&self, key: u64) -> Option<Arc<V>> {
+        let slot = self.shard(key).lock().map.get(&key)?.clone();
+        slot.value.get().and_then(|v| v.clone())
+    }
+
     /// Returns the block at `key`, running `load` if no reader has it or is loading it.
     pub fn get_or_load(&self, key: u64, load: impl FnOnce() -> Result<V>) -> Result<Arc<V>> {
         let shard = self.shard(key);

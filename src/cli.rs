@@ -161,6 +161,16 @@ struct ServeArgs {
     /// listing) or `never`.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Readdirplus::Always)]
     readdirplus: Readdirplus,
+    /// Compressed tar archives: decoded bytes between the places a read can start
+    /// decoding (gzip keeps a 32 KiB window for each). Smaller spends index for faster
+    /// random reads.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    entry_spacing: u64,
+    /// Where the decoded copy of a compressed tar that cannot be read in place (xz,
+    /// bzip2, zstd in one frame) goes when it does not fit in memory [default: $TMPDIR,
+    /// else /tmp].
+    #[arg(long, value_name = "DIR")]
+    stage_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -447,6 +457,8 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         allow_other,
         recursive: serve.recursive,
         index: serve.index.clone(),
+        entry_spacing: serve.entry_spacing,
+        stage_dir: serve.stage_dir.clone(),
         preload: match serve.preload {
             Preload::Auto => job::Preload::Auto,
             Preload::Always => job::Preload::Always,

@@ -52,6 +52,10 @@ pub struct Settings {
     pub recursive: bool,
     /// Where a tar archive's index is kept (default: beside it, or the cache dir).
     pub index: Option<PathBuf>,
+    /// Decoded bytes between a compressed tar's entry points.
+    pub entry_spacing: u64,
+    /// Where a decoded copy of a compressed tar goes when memory is short.
+    pub stage_dir: Option<PathBuf>,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
     pub debug: bool,
@@ -424,6 +428,8 @@ fn open_and_mount(
     let options = archive::OpenOptions {
         recursive: s.recursive,
         index: s.index.clone(),
+        spacing: Some(s.entry_spacing),
+        stage_dir: s.stage_dir.clone(),
     };
     let archive = archive::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());

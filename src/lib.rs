@@ -10,6 +10,7 @@
 pub mod archive;
 pub mod cache;
 pub mod cli;
+pub mod compressed;
 pub mod error;
 pub mod fuse;
 pub mod fuse_mount;

@@ -166,6 +166,8 @@ fn two_hundred_mount_cycles_leak_nothing() {
         index: None,
         preload: job::Preload::Never,
         readdirplus: archfs::fuse::Readdirplus::Always,
+        entry_spacing: archfs::archive::DEFAULT_SPACING,
+        stage_dir: None,
         debug: false,
     };
     let mut baseline = None;

@@ -503,6 +503,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
             archfs::archive::Source::open(&tar).unwrap(),
             archfs::tar::BuildOptions::default(),
             None,
+            None,
         )
         .unwrap()
     };

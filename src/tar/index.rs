@@ -7,7 +7,8 @@ use std::ops::Range;
 
 use super::column::Column;
 use super::header::{self, Header, BLOCK};
-use crate::archive::{Kind, Source};
+use crate::archive::Kind;
+use crate::compressed::Bytes;
 use crate::error::{Error, Result};
 
 pub const NONE: u32 = u32::MAX;
@@ -325,7 +326,7 @@ struct RawEntry {
 
 /// Collects members as the headers are read, then sorts them into an [`Index`].
 pub struct Builder<'a> {
-    src: &'a Source,
+    src: &'a dyn Bytes,
     opts: BuildOptions,
     nodes: Vec<Node>,
     entries: Vec<RawEntry>,
@@ -336,6 +337,8 @@ pub struct Builder<'a> {
     xattrs: Vec<XattrSet>,
     skipped: Vec<String>,
     seq: u64,
+    /// The end of the last member's data: past the archive's end means it is truncated.
+    data_end: u64,
     progress: &'a mut dyn FnMut(u64),
 }
 
@@ -374,7 +377,7 @@ fn new_encode_dev(major: u64, minor: u64) -> u32 {
 }
 
 impl<'a> Builder<'a> {
-    pub fn new(src: &'a Source, opts: BuildOptions, progress: &'a mut dyn FnMut(u64)) -> Self {
+    pub fn new(src: &'a dyn Bytes, opts: BuildOptions, progress: &'a mut dyn FnMut(u64)) -> Self {
         let root = Node {
             kind: kind_code(Kind::Dir),
             mode: 0o755,
@@ -397,6 +400,7 @@ impl<'a> Builder<'a> {
             xattrs: Vec::new(),
             skipped: Vec::new(),
             seq: 0,
+            data_end: 0,
             progress,
         }
     }
@@ -448,6 +452,8 @@ impl<'a> Builder<'a> {
         let mut long_link: Option<Vec<u8>> = None;
         let mut reader = BlockReader::new(self.src);
         loop {
+            // A stream being decoded learns its length only at its end.
+            let end = end.min(self.src.len_within(pos + BLOCK));
             if pos + BLOCK > end {
                 if pos == end {
                     break; // no end-of-archive blocks: accepted, like GNU tar
@@ -560,7 +566,10 @@ impl<'a> Builder<'a> {
                     String::from_utf8_lossy(&m.path)
                 )));
             }
-            // Below `end`, which is below 2^48: no overflow.
+            // Below `end`, which is below 2^63: no overflow.
+            if has_data {
+                self.data_end = self.data_end.max(data_pos + stored);
+            }
             let next = if has_data {
                 data_pos + stored.div_ceil(BLOCK) * BLOCK
             } else {
@@ -851,6 +860,18 @@ impl<'a> Builder<'a> {
 
     /// Sorts and deduplicates the entries (a later member wins), resolves hard links,
     /// and counts links.
+    /// For a stream whose length was not known during the scan: every member's data
+    /// must lie within its `len` bytes.
+    pub fn check_within(&self, len: u64) -> Result<()> {
+        if self.data_end > len {
+            return Err(Error::corrupt(format!(
+                "tar archive is truncated: its members reach {} bytes, it has {len}",
+                self.data_end
+            )));
+        }
+        Ok(())
+    }
+
     pub fn finish(mut self) -> Index {
         let mut entries = std::mem::take(&mut self.entries);
         entries.sort_by(|a, b| (a.parent, &a.name, a.seq).cmp(&(b.parent, &b.name, b.seq)));
@@ -1029,7 +1050,7 @@ fn base64(s: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Whether a member's data starts with a valid tar header.
-fn looks_like_tar(src: &Source, pos: u64, len: u64) -> bool {
+fn looks_like_tar(src: &dyn Bytes, pos: u64, len: u64) -> bool {
     if len < BLOCK {
         return false;
     }
@@ -1047,7 +1068,7 @@ fn looks_like_tar(src: &Source, pos: u64, len: u64) -> bool {
 /// where they are far apart (ImageNet's 110 KiB JPEGs) a 4 KiB read fetches one without
 /// pulling in file data, so indexing reads little more than the headers themselves.
 struct BlockReader<'a> {
-    src: &'a Source,
+    src: &'a dyn Bytes,
     buf: Vec<u8>,
     at: u64,
     /// Whether the last refill was a jump past the previous window.
@@ -1063,7 +1084,7 @@ const SMALL_WINDOW: u64 = 4 << 10;
 const AHEAD: u64 = 16 << 20;
 
 impl<'a> BlockReader<'a> {
-    fn new(src: &'a Source) -> Self {
+    fn new(src: &'a dyn Bytes) -> Self {
         BlockReader {
             src,
             buf: Vec::new(),
@@ -1078,7 +1099,9 @@ impl<'a> BlockReader<'a> {
             let end = self.at + self.buf.len() as u64;
             self.far = pos > end + WINDOW;
             let window = if self.far { SMALL_WINDOW } else { WINDOW };
-            let len = window.min(self.src.len().saturating_sub(pos)).max(BLOCK);
+            let len = window
+                .min(self.src.len_within(pos + window).saturating_sub(pos))
+                .max(BLOCK);
             if !self.far && pos + AHEAD / 2 > self.advised {
                 let from = self.advised.max(pos);
                 self.src.will_need(from, AHEAD);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use index::{kind_of, Index, Node, SPARSE};
 
 use crate::archive::{Archive, Attr, Buf, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
+use crate::compressed::{Codec, Decoded, Scan};
 use crate::error::{Error, Result};
 
 pub use index::BuildOptions;
@@ -26,14 +27,67 @@ pub fn header_ok(raw: &[u8; 512]) -> bool {
 /// What `st_blksize` and `statfs` report: stdio and Python size their buffers by it.
 const IO_SIZE: u32 = 128 << 10;
 
-/// Members are read straight from the archive file with `pread`, into the reading
-/// thread's buffer. The kernel's page cache of the archive is the only cache: a chunk
-/// cache of our own (until this was measured) read a whole 128 KiB chunk into a new buffer
-/// for each small read that missed, held 520 MiB in a 10,000-file epoch, and cost ~30% more
-/// server CPU (docs/BENCHMARKS.md).
+/// Members of a plain tar are read straight from the archive file with `pread`, into the
+/// reading thread's buffer. The kernel's page cache of the archive is the only cache: a
+/// chunk cache of our own (until this was measured) read a whole 128 KiB chunk into a new
+/// buffer for each small read that missed, held 520 MiB in a 10,000-file epoch, and cost
+/// ~30% more server CPU (docs/BENCHMARKS.md). A compressed tar is read through its
+/// decoded view, which caches what it decodes.
 pub struct TarArchive {
-    source: Source,
+    body: Body,
     index: Index,
+}
+
+/// Where the tar stream is.
+pub enum Body {
+    Plain(Source),
+    Decoded(Decoded),
+}
+
+impl Body {
+    pub fn source(&self) -> &Source {
+        match self {
+            Body::Plain(s) => s,
+            Body::Decoded(d) => d.source(),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Body::Plain(s) => s.len(),
+            Body::Decoded(d) => d.len(),
+        }
+    }
+
+    /// `len` bytes at `pos` of a member whose data ends at `member_end`.
+    fn read(&self, pos: u64, len: usize, member_end: u64) -> Result<Data> {
+        match self {
+            Body::Plain(s) => Ok(Data::Owned(s.read_buf(pos, len)?)),
+            Body::Decoded(d) => d.read(pos, len, member_end),
+        }
+    }
+
+    fn read_into(&self, pos: u64, out: &mut [u8], member_end: u64) -> Result<()> {
+        match self {
+            Body::Plain(s) => s.read_exact_at(pos, out),
+            Body::Decoded(d) => {
+                out.copy_from_slice(&d.read(pos, out.len(), member_end)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// How a compressed archive is opened.
+#[derive(Clone, Debug)]
+pub struct Compressed {
+    pub codec: Codec,
+    /// Decoded bytes between entry points.
+    pub spacing: u64,
+    /// The decoded-block cache.
+    pub cache_bytes: u64,
+    /// Where a decoded copy goes when one is needed and memory is short.
+    pub stage_dir: Option<std::path::PathBuf>,
 }
 
 impl TarArchive {
@@ -50,11 +104,46 @@ impl TarArchive {
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        Ok(TarArchive::from_index(source, index))
+        Ok(TarArchive::from_index(Body::Plain(source), index))
     }
 
-    pub fn from_index(source: Source, index: Index) -> TarArchive {
-        TarArchive { source, index }
+    /// Indexes a compressed archive in one pass that decodes it, recording entry points
+    /// on the way.
+    pub fn build_compressed(
+        source: Source,
+        opts: BuildOptions,
+        how: &Compressed,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<TarArchive> {
+        let (index, points) = {
+            let scan = Scan::new(&source, how.codec, how.spacing, progress)?;
+            let mut quiet = |_| {};
+            let mut b = index::Builder::new(&scan, opts, &mut quiet);
+            b.scan(0, u64::MAX >> 1, &[], 0)?;
+            let points = scan.finish()?;
+            b.check_within(points.len())?;
+            (b.finish(), points)
+        };
+        for s in &index.skipped {
+            tracing::warn!("{}: skipped {s}", source.path().display());
+        }
+        let decoded = Decoded::new(
+            source,
+            how.codec,
+            points,
+            how.spacing,
+            how.cache_bytes,
+            how.stage_dir.as_deref(),
+        )?;
+        Ok(TarArchive::from_index(Body::Decoded(decoded), index))
+    }
+
+    pub fn from_index(body: Body, index: Index) -> TarArchive {
+        TarArchive { body, index }
+    }
+
+    pub fn body(&self) -> &Body {
+        &self.body
     }
 
     pub fn index(&self) -> &Index {
@@ -94,6 +183,11 @@ impl TarArchive {
     }
 
     fn read_sparse(&self, n: &Node, offset: u64, end: u64) -> Result<Data> {
+        let map_end = self
+            .index
+            .sparse_map(n)
+            .last()
+            .map_or(0, |s| s.archive_off + s.len);
         let mut out = Buf::take((end - offset) as usize);
         out.fill(0);
         let map = self.index.sparse_map(n);
@@ -104,9 +198,10 @@ impl TarArchive {
             }
             let lo = s.offset.max(offset);
             let hi = (s.offset + s.len).min(end);
-            self.source.read_exact_at(
+            self.body.read_into(
                 s.archive_off + (lo - s.offset),
                 &mut out[(lo - offset) as usize..(hi - offset) as usize],
+                map_end,
             )?;
         }
         Ok(Data::Owned(out))
@@ -115,8 +210,22 @@ impl TarArchive {
 
 impl Archive for TarArchive {
     fn format(&self) -> String {
+        let codec = match &self.body {
+            Body::Plain(_) => String::new(),
+            Body::Decoded(d) => format!(
+                " ({}, {} entry point{}{})",
+                d.codec().name(),
+                d.points().count(),
+                if d.points().count() == 1 { "" } else { "s" },
+                if d.staged() {
+                    ", served from a decoded copy"
+                } else {
+                    ""
+                }
+            ),
+        };
         format!(
-            "tar, {} inodes, {} entries, index {} MiB",
+            "tar{codec}, {} inodes, {} entries, index {} MiB",
             self.index.node_count(),
             self.index.dirent_count(),
             self.index.heap_bytes() >> 20
@@ -170,10 +279,8 @@ impl Archive for TarArchive {
         if n.flags & SPARSE != 0 {
             return self.read_sparse(&n, offset, end);
         }
-        let buf = self
-            .source
-            .read_buf(n.data + offset, (end - offset) as usize)?;
-        Ok(Data::Owned(buf))
+        self.body
+            .read(n.data + offset, (end - offset) as usize, n.data + n.size)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -194,7 +301,7 @@ impl Archive for TarArchive {
 
     fn stats(&self) -> Stats {
         Stats {
-            bytes: self.source.len(),
+            bytes: self.body.len(),
             block_size: IO_SIZE,
             inodes: self.index.node_count() as u64,
             name_max: 255,
@@ -203,30 +310,54 @@ impl Archive for TarArchive {
 
     /// The index is in memory, so every byte of the archive is data.
     fn extents(&self) -> Vec<Extent> {
+        let source = self.body.source();
         vec![Extent {
-            path: self.source.path().to_owned(),
-            range: 0..self.source.len(),
+            path: source.path().to_owned(),
+            range: 0..source.len(),
             metadata: false,
         }]
     }
 }
 
-/// Opens a tar archive from its saved index when that matches the archive as it is now,
-/// else scans it (with a progress bar on a terminal) and saves the index for next time.
+/// Opens a tar archive (plain, or compressed as `compressed` says) from its saved index
+/// when that matches the archive as it is now, else scans it (with a progress bar on a
+/// terminal) and saves the index for next time.
 pub fn open(
     source: Source,
     opts: BuildOptions,
     index_path: Option<&Path>,
+    compressed: Option<&Compressed>,
 ) -> Result<Arc<TarArchive>> {
     debug_assert_eq!(ROOT_INO, 1);
-    let id = persist::Identity::of(&source, opts.recursive)?;
+    let spacing_tag = compressed.map_or(0, |c| (c.spacing >> 16) as u32 & 0x7fff_ffff);
+    let id = persist::Identity::of(&source, opts.recursive, spacing_tag)?;
     let path = index_path
         .map(Path::to_owned)
         .unwrap_or_else(|| persist::default_path(source.path()));
-    match persist::load(&path, &id) {
-        Ok(index) => {
+    let archive_len = source.len();
+    let saved = persist::load(&path, &id, |extra| match compressed {
+        None => extra.is_empty().then_some((None, archive_len)),
+        Some(c) => {
+            let points = crate::compressed::Points::decode(extra, c.codec, archive_len)?;
+            let len = points.len();
+            Some((Some(points), len))
+        }
+    });
+    match saved {
+        Ok((index, points)) => {
             tracing::info!("using the saved index {}", path.display());
-            return Ok(Arc::new(TarArchive::from_index(source, index)));
+            let body = match (compressed, points) {
+                (Some(c), Some(points)) => Body::Decoded(Decoded::new(
+                    source,
+                    c.codec,
+                    points,
+                    c.spacing,
+                    c.cache_bytes,
+                    c.stage_dir.as_deref(),
+                )?),
+                _ => Body::Plain(source),
+            };
+            return Ok(Arc::new(TarArchive::from_index(body, index)));
         }
         Err(persist::Rejected::Missing) => {}
         Err(why) => tracing::warn!(
@@ -239,13 +370,12 @@ pub fn open(
             }
         ),
     }
-    let total = source.len();
     let started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut progress = |pos: u64| {
         if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
             let b = indicatif::ProgressBar::with_draw_target(
-                Some(total),
+                Some(archive_len),
                 indicatif::ProgressDrawTarget::stderr(),
             );
             b.set_style(
@@ -260,16 +390,23 @@ pub fn open(
             b.set_position(pos);
         }
     };
-    let archive = TarArchive::build(source, opts, &mut progress)?;
+    let archive = match compressed {
+        None => TarArchive::build(source, opts, &mut progress)?,
+        Some(c) => TarArchive::build_compressed(source, opts, c, &mut progress)?,
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    let extra = match &archive.body {
+        Body::Plain(_) => Vec::new(),
+        Body::Decoded(d) => d.points().encode(d.codec()),
+    };
     tracing::info!(
         "indexed {} entries in {:.2} s",
         archive.index.dirent_count(),
         started.elapsed().as_secs_f64()
     );
-    if let Err(e) = persist::save(&path, &archive.index, &id) {
+    if let Err(e) = persist::save(&path, &archive.index, &id, &extra) {
         tracing::warn!("cannot save the index to {}: {e}", path.display());
     }
     // The build freed millions of small allocations (a name each) that glibc keeps for

@@ -14,8 +14,9 @@ use crate::archive::{Kind, Source};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
-/// 2: packed columns (1 had fixed 56-byte nodes and 16-byte entries).
-const VERSION: u32 = 2;
+/// 3: a section for the decoder's entry points; 2: packed columns (1 had fixed 56-byte
+/// nodes and 16-byte entries).
+const VERSION: u32 = 3;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +28,9 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn of(source: &Source, recursive: bool) -> Result<Identity> {
+    /// `options` are the settings the index depends on besides `recursive` (a
+    /// compressed archive's entry-point spacing).
+    pub fn of(source: &Source, recursive: bool, options: u32) -> Result<Identity> {
         let meta = std::fs::metadata(source.path())
             .map_err(|e| Error::io(format!("stat {}", source.path().display()), e))?;
         let size = source.len();
@@ -40,7 +43,7 @@ impl Identity {
             size,
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
             content: crc.finalize(),
-            options: u32::from(recursive),
+            options: u32::from(recursive) | options << 1,
         })
     }
 }
@@ -92,14 +95,15 @@ impl Out {
 
 /// The packed columns as they are in memory, so a remount reads the file in one go and
 /// copies it into place with no per-entry work.
-fn encode(ix: &Index, id: &Identity) -> Vec<u8> {
-    let mut o = Out(Vec::with_capacity(64 + ix.heap_bytes()));
+fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
+    let mut o = Out(Vec::with_capacity(64 + ix.heap_bytes() + extra.len()));
     o.0.extend_from_slice(MAGIC);
     o.u32(VERSION);
     o.u64(id.size);
     o.u64(id.mtime_ns as u64);
     o.u32(id.content);
     o.u32(id.options);
+    o.bytes(extra);
     o.u64(ix.nodes as u64);
     o.u64(ix.mtime_base as u64);
     o.u32(ix.file_shift);
@@ -143,14 +147,15 @@ fn encode(ix: &Index, id: &Identity) -> Vec<u8> {
     o.0
 }
 
-/// Writes the index atomically (temporary file, then rename).
-pub fn save(path: &Path, index: &Index, id: &Identity) -> std::io::Result<()> {
+/// Writes the index atomically (temporary file, then rename), with `extra`: what the
+/// layer under the tar stream keeps (a compressed archive's entry points).
+pub fn save(path: &Path, index: &Index, id: &Identity, extra: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&encode(index, id))?;
+    f.write_all(&encode(index, id, extra))?;
     f.sync_all()?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
@@ -215,8 +220,14 @@ pub enum Rejected {
     Corrupt,
 }
 
-/// Loads the index at `path` if it belongs to the archive as it is now.
-pub fn load(path: &Path, id: &Identity) -> std::result::Result<Index, Rejected> {
+/// Loads the index at `path` if it belongs to the archive as it is now. `extra` reads
+/// the section [`save`] was given and says how long the tar stream is (the archive's
+/// length, or its decoded length), or refuses it.
+pub fn load<T>(
+    path: &Path,
+    id: &Identity,
+    extra: impl FnOnce(&[u8]) -> Option<(T, u64)>,
+) -> std::result::Result<(Index, T), Rejected> {
     let file = std::fs::File::open(path).map_err(|_| Rejected::Missing)?;
     let len = file.metadata().map_err(|_| Rejected::Missing)?.len();
     if len < 48 {
@@ -243,15 +254,20 @@ pub fn load(path: &Path, id: &Identity) -> std::result::Result<Index, Rejected> 
         Some((true, VERSION, _)) => return Err(Rejected::Stale),
         _ => return Err(Rejected::Corrupt),
     }
+    let under = r.bytes().ok_or(Rejected::Corrupt)?;
     let index = decode(&mut r).ok_or(Rejected::Corrupt)?;
     let mut crc = [0u8; 4];
     if r.left != 0 || r.r.read_exact(&mut crc).is_err() {
         return Err(Rejected::Corrupt);
     }
-    if r.crc.finalize() != u32::from_le_bytes(crc) || !valid(&index, id.size) {
+    if r.crc.finalize() != u32::from_le_bytes(crc) {
         return Err(Rejected::Corrupt);
     }
-    Ok(index)
+    let (under, len) = extra(&under).ok_or(Rejected::Corrupt)?;
+    if !valid(&index, len) {
+        return Err(Rejected::Corrupt);
+    }
+    Ok((index, under))
 }
 
 fn decode(r: &mut In<impl Read>) -> Option<Index> {

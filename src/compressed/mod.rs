@@ -1,0 +1,675 @@
+//! Compressed archives (gzip, zstd, xz, bzip2) as a random-access byte space, so a tar
+//! inside one is served in place like a plain tar.
+//!
+//! One pass over the archive decodes it front to back for the tar scan and records entry
+//! points on the way: places a decoder can start from (a gzip deflate block boundary with
+//! its 32 KiB window, a zstd frame). A read then decodes from the nearest entry point
+//! before it, into the shared block cache as fixed-size blocks, so the next reads of the
+//! same neighbourhood cost a copy. Formats without entry points (xz and bzip2 for now, a
+//! zstd archive of one frame) are decoded once, in the background, into a copy in memory
+//! or on node-local disk ([`stage`]), and served from there.
+
+mod gzip;
+mod serial;
+mod stage;
+mod zstd;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::archive::{Buf, Data, Source};
+use crate::cache::BlockCache;
+use crate::error::{Error, Result};
+pub use stage::Stage;
+
+/// The compressed formats, known by their magic numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+    Xz,
+    Bzip2,
+}
+
+impl Codec {
+    pub fn detect(magic: &[u8; 4]) -> Option<Codec> {
+        match magic {
+            [0x1f, 0x8b, _, _] => Some(Codec::Gzip),
+            // pzstd opens with a skippable frame.
+            [0x28, 0xb5, 0x2f, 0xfd] | [0x50..=0x5f, 0x2a, 0x4d, 0x18] => Some(Codec::Zstd),
+            [0xfd, b'7', b'z', b'X'] => Some(Codec::Xz),
+            [b'B', b'Z', b'h', _] => Some(Codec::Bzip2),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Zstd => "zstd",
+            Codec::Xz => "xz",
+            Codec::Bzip2 => "bzip2",
+        }
+    }
+
+    fn id(self) -> u8 {
+        self as u8
+    }
+
+    /// A decoder at the start of the archive.
+    fn start(self, src: &Source) -> Result<Box<dyn Decoder + '_>> {
+        Ok(match self {
+            Codec::Gzip => Box::new(gzip::Inflate::start(src)?),
+            Codec::Zstd => Box::new(zstd::Frames::resume(src, &Point::default())?),
+            Codec::Xz => Box::new(serial::Serial::xz(src)?),
+            Codec::Bzip2 => Box::new(serial::Serial::bzip2(src)),
+        })
+    }
+
+    /// A decoder at an entry point other than the start.
+    fn resume<'a>(
+        self,
+        src: &'a Source,
+        p: &Point,
+        window: &[u8],
+    ) -> Result<Box<dyn Decoder + 'a>> {
+        Ok(match self {
+            Codec::Gzip => Box::new(gzip::Inflate::resume(src, p, window)?),
+            Codec::Zstd => Box::new(zstd::Frames::resume(src, p)?),
+            Codec::Xz | Codec::Bzip2 => {
+                return Err(Error::corrupt("entry point in a serial-only format"))
+            }
+        })
+    }
+}
+
+/// A place where decoding can start: `output` bytes into the decoded stream, at byte
+/// `input` of the archive, after the last `bits` bits of the byte before it (gzip).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Point {
+    pub output: u64,
+    pub input: u64,
+    pub bits: u8,
+}
+
+/// A decoder somewhere in the archive.
+pub trait Decoder: Send {
+    /// Decodes into `out`; returns early (possibly with 0 bytes) at an entry point, so
+    /// the caller can record it. Fewer bytes than asked does not mean the end: `ended`.
+    fn read(&mut self, out: &mut [u8]) -> Result<usize>;
+    /// The entry point the decoder is at, with its window, if it is at one.
+    fn point(&mut self) -> Option<(Point, Vec<u8>)>;
+    fn ended(&self) -> bool;
+    /// Archive bytes consumed so far, for progress bars.
+    fn input_pos(&self) -> u64;
+}
+
+/// Fills `out` completely unless the stream ends first; returns the bytes written.
+fn fill(dec: &mut dyn Decoder, out: &mut [u8]) -> Result<usize> {
+    let mut done = 0;
+    while done < out.len() && !dec.ended() {
+        done += dec.read(&mut out[done..])?;
+    }
+    Ok(done)
+}
+
+/// Decodes the start of the archive into `out`; returns the bytes decoded.
+pub fn first_bytes(src: &Source, codec: Codec, out: &mut [u8]) -> Result<usize> {
+    fill(codec.start(src)?.as_mut(), out)
+}
+
+/// Archive bytes read ahead of a decoder in large `pread`s.
+pub struct Input<'a> {
+    src: &'a Source,
+    buf: Vec<u8>,
+    used: usize,
+    /// Archive offset just past `buf`.
+    next: u64,
+}
+
+const INPUT_CHUNK: u64 = 256 << 10;
+
+impl<'a> Input<'a> {
+    pub fn new(src: &'a Source, at: u64) -> Input<'a> {
+        Input {
+            src,
+            buf: Vec::new(),
+            used: 0,
+            next: at,
+        }
+    }
+
+    /// The buffered bytes, refilled when empty; `true` with an empty slice at the end
+    /// of the archive.
+    pub fn chunk(&mut self) -> Result<(&[u8], bool)> {
+        if self.used == self.buf.len() {
+            let len = INPUT_CHUNK.min(self.src.len().saturating_sub(self.next));
+            self.buf.resize(len as usize, 0);
+            self.src.read_exact_at(self.next, &mut self.buf)?;
+            self.next += len;
+            self.used = 0;
+        }
+        let rest = &self.buf[self.used..];
+        Ok((rest, rest.is_empty()))
+    }
+
+    pub fn consume(&mut self, n: usize) {
+        self.used = (self.used + n).min(self.buf.len());
+    }
+
+    /// Archive offset of the next byte a decoder gets.
+    pub fn pos(&self) -> u64 {
+        self.next - (self.buf.len() - self.used) as u64
+    }
+
+    pub fn skip(&mut self, mut n: usize) -> Result<()> {
+        while n > 0 {
+            let (c, end) = self.chunk()?;
+            if end {
+                return Err(Error::corrupt("compressed stream is truncated"));
+            }
+            let k = c.len().min(n);
+            self.consume(k);
+            n -= k;
+        }
+        Ok(())
+    }
+
+    /// Copies the next bytes without consuming them; fewer at the end of the archive.
+    pub fn peek(&mut self, out: &mut [u8]) -> Result<usize> {
+        let at = self.pos();
+        let n = (out.len() as u64).min(self.src.len().saturating_sub(at)) as usize;
+        self.src.read_exact_at(at, &mut out[..n])?;
+        Ok(n)
+    }
+}
+
+/// The entry points of one archive; gzip windows kept zstd-compressed (text windows
+/// shrink 3-4x; a window of JPEG bytes does not, and costs 32 KiB).
+#[derive(Debug, Default)]
+pub struct Points {
+    points: Vec<Point>,
+    windows: Vec<Box<[u8]>>,
+    /// Length of the decoded stream.
+    len: u64,
+}
+
+impl Points {
+    fn push(&mut self, p: Point, window: &[u8]) {
+        let packed = if window.is_empty() {
+            Box::default()
+        } else {
+            ::zstd::bulk::compress(window, 1)
+                .unwrap_or_default()
+                .into_boxed_slice()
+        };
+        self.points.push(p);
+        self.windows.push(packed);
+    }
+
+    fn window(&self, i: usize) -> Result<Vec<u8>> {
+        let w = &self.windows[i];
+        if w.is_empty() {
+            return Ok(Vec::new());
+        }
+        ::zstd::bulk::decompress(w, gzip::WINDOW)
+            .map_err(|_| Error::corrupt("a saved gzip window is damaged"))
+    }
+
+    /// The entry point at or before `pos`.
+    fn before(&self, pos: u64) -> usize {
+        self.points
+            .partition_point(|p| p.output <= pos)
+            .saturating_sub(1)
+    }
+
+    /// Where the stretch decoded from point `i` ends.
+    fn end_of(&self, i: usize) -> u64 {
+        self.points.get(i + 1).map_or(self.len, |p| p.output)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn count(&self) -> usize {
+        self.points.len()
+    }
+
+    /// The longest stretch between entry points.
+    fn widest(&self) -> u64 {
+        (0..self.points.len())
+            .map(|i| self.end_of(i) - self.points[i].output)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes in memory (and, give or take, on disk).
+    pub fn bytes(&self) -> usize {
+        self.points.len() * (std::mem::size_of::<Point>() + 16)
+            + self.windows.iter().map(|w| w.len()).sum::<usize>()
+    }
+
+    /// The form saved in the index file.
+    pub fn encode(&self, codec: Codec) -> Vec<u8> {
+        let mut o = Vec::with_capacity(self.bytes() + 32);
+        o.push(codec.id());
+        o.extend_from_slice(&self.len.to_le_bytes());
+        o.extend_from_slice(&(self.points.len() as u64).to_le_bytes());
+        for (p, w) in self.points.iter().zip(&self.windows) {
+            o.extend_from_slice(&p.output.to_le_bytes());
+            o.extend_from_slice(&p.input.to_le_bytes());
+            o.push(p.bits);
+            o.extend_from_slice(&(w.len() as u32).to_le_bytes());
+            o.extend_from_slice(w);
+        }
+        o
+    }
+
+    /// Reads what [`encode`](Self::encode) wrote, refusing anything that does not fit
+    /// an archive of `archive_len` bytes in `codec`.
+    pub fn decode(b: &[u8], codec: Codec, archive_len: u64) -> Option<Points> {
+        let mut r = b;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (h, t) = r.split_at_checked(n)?;
+            r = t;
+            Some(h)
+        };
+        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+        if take(1)?[0] != codec.id() {
+            return None;
+        }
+        let len = u64_(take(8)?);
+        let n = u64_(take(8)?);
+        if n == 0 || n > b.len() as u64 / 21 {
+            return None;
+        }
+        let mut pts = Points {
+            len,
+            ..Points::default()
+        };
+        for _ in 0..n {
+            let p = Point {
+                output: u64_(take(8)?),
+                input: u64_(take(8)?),
+                bits: take(1)?[0],
+            };
+            let wl = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+            let w = take(wl)?;
+            let ok = match pts.points.last() {
+                None => p == Point::default(),
+                Some(q) => p.output > q.output && p.input >= q.input,
+            };
+            if !ok || p.bits > 7 || p.output >= len.max(1) || p.input > archive_len {
+                return None;
+            }
+            pts.points.push(p);
+            pts.windows.push(w.into());
+        }
+        r.is_empty().then_some(pts)
+    }
+}
+
+/// Entry points further apart than this many times the spacing asked for (a zstd
+/// archive of one frame, xz, bzip2) would make reads decode too far: such an archive is
+/// served from a decoded copy instead.
+const STAGE_BEYOND: u64 = 4;
+
+/// The indexing pass: the decoded stream front to back for the tar scan, which only
+/// moves forward, with a short stretch kept behind for its look-backs. Entry points are
+/// recorded every `spacing` bytes of output.
+pub struct Scan<'a> {
+    codec: Codec,
+    src: &'a Source,
+    state: Mutex<ScanState<'a>>,
+}
+
+struct ScanState<'a> {
+    dec: Box<dyn Decoder + 'a>,
+    /// Decoded bytes `[start, start + buf.len())`.
+    buf: Vec<u8>,
+    start: u64,
+    points: Points,
+    spacing: u64,
+    progress: &'a mut (dyn FnMut(u64) + Send),
+}
+
+/// Decoded bytes kept behind the scan; more is dropped as it moves on.
+const KEEP: usize = 1 << 20;
+const STEP: usize = 256 << 10;
+
+impl<'a> Scan<'a> {
+    pub fn new(
+        src: &'a Source,
+        codec: Codec,
+        spacing: u64,
+        progress: &'a mut (dyn FnMut(u64) + Send),
+    ) -> Result<Scan<'a>> {
+        let mut points = Points::default();
+        points.push(Point::default(), &[]);
+        Ok(Scan {
+            codec,
+            src,
+            state: Mutex::new(ScanState {
+                dec: codec.start(src)?,
+                buf: Vec::new(),
+                start: 0,
+                points,
+                spacing: spacing.max(64 << 10),
+                progress,
+            }),
+        })
+    }
+
+    /// Decodes to the end (checking what the format checks: gzip's CRCs, zstd's
+    /// checksums) and returns the entry points.
+    pub fn finish(&self) -> Result<Points> {
+        let mut s = self.state.lock();
+        while s.more()? {}
+        let mut points = std::mem::take(&mut s.points);
+        points.len = s.end();
+        // A frame that ends the archive leaves an entry point with nothing after it.
+        while points.points.len() > 1 && points.points.last().unwrap().output >= points.len {
+            points.points.pop();
+            points.windows.pop();
+        }
+        Ok(points)
+    }
+}
+
+impl ScanState<'_> {
+    fn end(&self) -> u64 {
+        self.start + self.buf.len() as u64
+    }
+
+    /// Decodes one step more; false at the end of the stream.
+    fn more(&mut self) -> Result<bool> {
+        if self.dec.ended() {
+            return Ok(false);
+        }
+        if self.buf.len() >= KEEP + STEP {
+            let drop = self.buf.len() - KEEP;
+            self.buf.drain(..drop);
+            self.start += drop as u64;
+        }
+        let have = self.buf.len();
+        self.buf.resize(have + STEP, 0);
+        let mut done = 0;
+        while done < STEP && !self.dec.ended() {
+            done += self.dec.read(&mut self.buf[have + done..])?;
+            let at = self.start + (have + done) as u64;
+            let last = self.points.points.last().map_or(0, |p| p.output);
+            if at >= last + self.spacing {
+                if let Some((p, w)) = self.dec.point() {
+                    debug_assert_eq!(p.output, at);
+                    self.points.push(p, &w);
+                }
+            }
+        }
+        self.buf.truncate(have + done);
+        (self.progress)(self.dec.input_pos());
+        Ok(true)
+    }
+}
+
+/// A random-access byte space: an archive file, or the decoded contents of a
+/// compressed one. The tar scan reads through it.
+pub trait Bytes: Sync {
+    fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()>;
+    /// The length when it is at most `upto`, else some value above `upto`: a stream
+    /// being decoded knows its length only at its end.
+    fn len_within(&self, upto: u64) -> u64;
+    /// A hint that `[at, at + len)` is read soon.
+    fn will_need(&self, _at: u64, _len: u64) {}
+    fn read_vec(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read_exact_at(pos, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Bytes for Source {
+    fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        Source::read_exact_at(self, pos, buf)
+    }
+    fn len_within(&self, _upto: u64) -> u64 {
+        self.len()
+    }
+    fn will_need(&self, at: u64, len: u64) {
+        Source::will_need(self, at, len)
+    }
+}
+
+impl Bytes for Scan<'_> {
+    fn read_exact_at(&self, pos: u64, out: &mut [u8]) -> Result<()> {
+        let mut s = self.state.lock();
+        let end = pos + out.len() as u64;
+        if pos < s.start {
+            // Behind what the scan keeps: decode it again from an entry point.
+            drop(s);
+            return self.read_behind(pos, out);
+        }
+        while s.end() < end {
+            if !s.more()? {
+                return Err(Error::corrupt(format!(
+                    "the archive ends at {} bytes decoded, before the {} bytes at {pos} \
+                     it needs: truncated?",
+                    s.end(),
+                    out.len()
+                )));
+            }
+        }
+        let from = (pos - s.start) as usize;
+        out.copy_from_slice(&s.buf[from..from + out.len()]);
+        Ok(())
+    }
+
+    fn len_within(&self, upto: u64) -> u64 {
+        let mut s = self.state.lock();
+        while s.end() < upto {
+            match s.more() {
+                Ok(true) => {}
+                // An error surfaces at the read that follows.
+                Ok(false) | Err(_) => return s.end(),
+            }
+        }
+        u64::MAX >> 1
+    }
+}
+
+impl Scan<'_> {
+    fn read_behind(&self, pos: u64, out: &mut [u8]) -> Result<()> {
+        let (p, window) = {
+            let s = self.state.lock();
+            let i = s.points.before(pos);
+            (s.points.points[i], s.points.window(i)?)
+        };
+        let mut dec = if p == Point::default() {
+            self.codec.start(self.src)?
+        } else {
+            self.codec.resume(self.src, &p, &window)?
+        };
+        let mut skip = vec![0u8; STEP];
+        let mut at = p.output;
+        while at < pos {
+            let n = ((pos - at) as usize).min(STEP);
+            let got = fill(dec.as_mut(), &mut skip[..n])?;
+            if got < n {
+                return Err(Error::corrupt("the archive ends early"));
+            }
+            at += n as u64;
+        }
+        if fill(dec.as_mut(), out)? < out.len() {
+            return Err(Error::corrupt("the archive ends early"));
+        }
+        Ok(())
+    }
+}
+
+/// The decoded stream of an indexed archive, for serving reads.
+pub struct Decoded {
+    source: Arc<Source>,
+    codec: Codec,
+    points: Points,
+    blocks: BlockCache<Vec<u8>>,
+    /// One decoder at a time per stretch between entry points (striped): a second reader
+    /// of the same neighbourhood waits and finds the blocks cached.
+    locks: Box<[Mutex<()>]>,
+    stage: Option<Arc<Stage>>,
+}
+
+/// Decoded blocks in the cache: large enough that a file of ~110 KiB is two or three,
+/// small enough that the cache keeps the neighbourhoods in use.
+const BLOCK: u64 = 64 << 10;
+const LOCKS: usize = 64;
+
+impl Decoded {
+    /// `stage_dir` is where a decoded copy goes when one is needed and does not fit in
+    /// memory.
+    pub fn new(
+        source: Source,
+        codec: Codec,
+        points: Points,
+        spacing: u64,
+        cache_bytes: u64,
+        stage_dir: Option<&std::path::Path>,
+    ) -> Result<Decoded> {
+        let source = Arc::new(source);
+        let stage = if points.widest() > spacing.saturating_mul(STAGE_BEYOND) {
+            tracing::info!(
+                "{}: this {} archive has {} entry point(s) for {} MiB decoded; serving it \
+                 from a decoded copy made in the background (recompress it in independent \
+                 pieces, e.g. `pzstd` or `bgzip`, to read it in place)",
+                source.path().display(),
+                codec.name(),
+                points.count(),
+                points.len() >> 20
+            );
+            Some(Stage::start(
+                source.clone(),
+                codec,
+                points.len(),
+                stage_dir,
+            )?)
+        } else {
+            None
+        };
+        Ok(Decoded {
+            source,
+            codec,
+            points,
+            blocks: BlockCache::new("decoded", cache_bytes as usize),
+            locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            stage,
+        })
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    pub fn points(&self) -> &Points {
+        &self.points
+    }
+
+    pub fn len(&self) -> u64 {
+        self.points.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.points.len == 0
+    }
+
+    /// Whether reads come from a decoded copy.
+    pub fn staged(&self) -> bool {
+        self.stage.is_some()
+    }
+
+    /// `len` bytes at `pos`. A miss decodes on to `horizon` (the end of the member being
+    /// read, at most the next entry point), so the rest of a file read in pieces is
+    /// cached by its first read.
+    pub fn read(&self, pos: u64, len: usize, horizon: u64) -> Result<Data> {
+        let end = pos + len as u64;
+        if end > self.points.len {
+            return Err(Error::corrupt(format!(
+                "read at {pos} past the end of the decoded archive ({} bytes)",
+                self.points.len
+            )));
+        }
+        if let Some(stage) = &self.stage {
+            let mut out = Buf::take(len);
+            stage.read_exact_at(pos, &mut out)?;
+            return Ok(Data::Owned(out));
+        }
+        let mut out: Option<Buf> = None;
+        let mut at = pos;
+        while at < end {
+            let i = self.points.before(at);
+            let base = self.points.points[i].output;
+            let key = base + (at - base) / BLOCK * BLOCK;
+            let block = match self.blocks.get(key) {
+                Some(b) => b,
+                None => self.decode(i, key, end.max(horizon))?,
+            };
+            let from = (at - key) as usize;
+            let upto = (end - key).min(block.len() as u64) as usize;
+            if from >= upto {
+                return Err(Error::corrupt("decoded block is shorter than expected"));
+            }
+            if out.is_none() && at == pos && upto as u64 + key == end {
+                return Ok(Data::Shared(block, from..upto)); // one block: no copy
+            }
+            let o = out.get_or_insert_with(|| Buf::take(len));
+            let dst = (at - pos) as usize;
+            o[dst..dst + upto - from].copy_from_slice(&block[from..upto]);
+            at = key + upto as u64;
+        }
+        Ok(Data::Owned(out.unwrap_or_default()))
+    }
+
+    /// Decodes the stretch from entry point `i` on to the block at `key` and beyond it
+    /// up to `horizon`, caching every block made; returns the one at `key`.
+    fn decode(&self, i: usize, key: u64, horizon: u64) -> Result<Arc<Vec<u8>>> {
+        let _one = self.locks[i % LOCKS].lock();
+        if let Some(b) = self.blocks.get(key) {
+            return Ok(b); // decoded while we waited
+        }
+        let p = self.points.points[i];
+        let stop = self.points.end_of(i);
+        let horizon = horizon.clamp(key + 1, stop);
+        let window = self.points.window(i)?;
+        let mut dec = if i == 0 {
+            self.codec.start(&self.source)?
+        } else {
+            self.codec.resume(&self.source, &p, &window)?
+        };
+        let mut at = p.output;
+        let mut wanted = None;
+        while at < horizon {
+            let size = BLOCK.min(stop - at) as usize;
+            let mut block = vec![0u8; size];
+            if fill(dec.as_mut(), &mut block)? < size {
+                return Err(Error::corrupt(format!(
+                    "the {} stream ends before its index says ({at} of {} bytes)",
+                    self.codec.name(),
+                    self.points.len
+                )));
+            }
+            let b = self.blocks.get_or_load(at, || Ok(block))?;
+            if at == key {
+                wanted = Some(b);
+            }
+            at += size as u64;
+        }
+        wanted.ok_or_else(|| Error::corrupt("decoded block not found"))
+    }
+}
