@@ -163,7 +163,7 @@ struct ServeArgs {
     readdirplus: Readdirplus,
     /// Compressed tar archives: decoded bytes between the places a read can start
     /// decoding (gzip keeps a 32 KiB window for each). Smaller spends index for faster
-    /// random reads.
+    /// random reads. Applies when the index is built: delete a saved one to change it.
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
     entry_spacing: u64,
     /// Where the decoded copy of a compressed tar that cannot be read in place (xz,

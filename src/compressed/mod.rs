@@ -186,13 +186,54 @@ impl<'a> Input<'a> {
 }
 
 /// The entry points of one archive; gzip windows kept zstd-compressed (text windows
-/// shrink 3-4x; a window of JPEG bytes does not, and costs 32 KiB).
+/// shrink 3-4x; a window of JPEG bytes does not, and costs 32 KiB). With them, a CRC-32
+/// of every decoded block, taken in the indexing pass: a read that decodes from the
+/// middle of a stream has no checksum of the format's to check (gzip's covers a whole
+/// member), and damage or a change of the archive since it was indexed must give EIO,
+/// not wrong bytes.
 #[derive(Debug, Default)]
 pub struct Points {
     points: Vec<Point>,
     windows: Vec<Box<[u8]>>,
     /// Length of the decoded stream.
     len: u64,
+    /// The spacing asked for when they were recorded.
+    spacing: u64,
+    /// One per [`BLOCK`] of each stretch between entry points (the last one shorter).
+    sums: Vec<u32>,
+    /// Index in `sums` of each stretch's first block.
+    first_sum: Vec<usize>,
+}
+
+/// CRCs of the decoded blocks, taken as the indexing pass decodes.
+#[derive(Default)]
+struct Sums {
+    crc: crc32fast::Hasher,
+    start: u64,
+    at: u64,
+    sums: Vec<u32>,
+}
+
+impl Sums {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let k = ((self.start + BLOCK - self.at) as usize).min(bytes.len());
+            self.crc.update(&bytes[..k]);
+            self.at += k as u64;
+            bytes = &bytes[k..];
+            if self.at == self.start + BLOCK {
+                self.close();
+            }
+        }
+    }
+
+    /// Ends the block being summed (at a block's end, an entry point or the end).
+    fn close(&mut self) {
+        if self.at > self.start {
+            self.sums.push(std::mem::take(&mut self.crc).finalize());
+        }
+        self.start = self.at;
+    }
 }
 
 impl Points {
@@ -222,6 +263,31 @@ impl Points {
         self.points
             .partition_point(|p| p.output <= pos)
             .saturating_sub(1)
+    }
+
+    /// Fills in `first_sum`; false when the sums do not match the stretches.
+    fn index_sums(&mut self) -> bool {
+        let mut n = 0usize;
+        self.first_sum = (0..self.points.len())
+            .map(|i| {
+                let first = n;
+                n += (self.end_of(i) - self.points[i].output).div_ceil(BLOCK) as usize;
+                first
+            })
+            .collect();
+        n == self.sums.len()
+    }
+
+    /// Checks a block decoded from stretch `i` at `at` against the indexing pass.
+    fn verify(&self, i: usize, at: u64, block: &[u8]) -> Result<()> {
+        let k = self.first_sum[i] + ((at - self.points[i].output) / BLOCK) as usize;
+        if self.sums.get(k) != Some(&crc32fast::hash(block)) {
+            return Err(Error::corrupt(format!(
+                "the data decoded at {at} differs from when the archive was indexed: the \
+                 compressed archive is damaged or was changed there"
+            )));
+        }
+        Ok(())
     }
 
     /// Where the stretch decoded from point `i` ends.
@@ -260,6 +326,11 @@ impl Points {
         let mut o = Vec::with_capacity(self.bytes() + 32);
         o.push(codec.id());
         o.extend_from_slice(&self.len.to_le_bytes());
+        o.extend_from_slice(&self.spacing.to_le_bytes());
+        o.extend_from_slice(&(self.sums.len() as u64).to_le_bytes());
+        for s in &self.sums {
+            o.extend_from_slice(&s.to_le_bytes());
+        }
         o.extend_from_slice(&(self.points.len() as u64).to_le_bytes());
         for (p, w) in self.points.iter().zip(&self.windows) {
             o.extend_from_slice(&p.output.to_le_bytes());
@@ -285,12 +356,22 @@ impl Points {
             return None;
         }
         let len = u64_(take(8)?);
+        let spacing = u64_(take(8)?);
+        let sums = u64_(take(8)?);
+        if sums > b.len() as u64 / 4 {
+            return None;
+        }
+        let sums = (0..sums)
+            .map(|_| Some(u32::from_le_bytes(take(4)?.try_into().unwrap())))
+            .collect::<Option<Vec<u32>>>()?;
         let n = u64_(take(8)?);
         if n == 0 || n > b.len() as u64 / 21 {
             return None;
         }
         let mut pts = Points {
             len,
+            spacing,
+            sums,
             ..Points::default()
         };
         for _ in 0..n {
@@ -311,14 +392,14 @@ impl Points {
             pts.points.push(p);
             pts.windows.push(w.into());
         }
-        r.is_empty().then_some(pts)
+        (r.is_empty() && pts.index_sums()).then_some(pts)
     }
 }
 
-/// Entry points further apart than this many times the spacing asked for (a zstd
-/// archive of one frame, xz, bzip2) would make reads decode too far: such an archive is
-/// served from a decoded copy instead.
-const STAGE_BEYOND: u64 = 4;
+/// Entry points further apart than this (a zstd archive of one frame, xz, bzip2) make
+/// reads decode too far: such an archive is served from a decoded copy instead. pzstd's
+/// frames (a few MiB) stay below it.
+const MAX_STRETCH: u64 = 32 << 20;
 
 /// The indexing pass: the decoded stream front to back for the tar scan, which only
 /// moves forward, with a short stretch kept behind for its look-backs. Entry points are
@@ -335,6 +416,7 @@ struct ScanState<'a> {
     buf: Vec<u8>,
     start: u64,
     points: Points,
+    sums: Sums,
     spacing: u64,
     progress: &'a mut (dyn FnMut(u64) + Send),
 }
@@ -350,7 +432,11 @@ impl<'a> Scan<'a> {
         spacing: u64,
         progress: &'a mut (dyn FnMut(u64) + Send),
     ) -> Result<Scan<'a>> {
-        let mut points = Points::default();
+        let spacing = spacing.max(64 << 10);
+        let mut points = Points {
+            spacing,
+            ..Points::default()
+        };
         points.push(Point::default(), &[]);
         Ok(Scan {
             codec,
@@ -360,7 +446,8 @@ impl<'a> Scan<'a> {
                 buf: Vec::new(),
                 start: 0,
                 points,
-                spacing: spacing.max(64 << 10),
+                sums: Sums::default(),
+                spacing,
                 progress,
             }),
         })
@@ -377,6 +464,13 @@ impl<'a> Scan<'a> {
         while points.points.len() > 1 && points.points.last().unwrap().output >= points.len {
             points.points.pop();
             points.windows.pop();
+        }
+        s.sums.close();
+        points.sums = std::mem::take(&mut s.sums.sums);
+        if !points.index_sums() {
+            return Err(Error::corrupt(
+                "block checksums do not match the entry points",
+            ));
         }
         Ok(points)
     }
@@ -401,13 +495,16 @@ impl ScanState<'_> {
         self.buf.resize(have + STEP, 0);
         let mut done = 0;
         while done < STEP && !self.dec.ended() {
-            done += self.dec.read(&mut self.buf[have + done..])?;
+            let n = self.dec.read(&mut self.buf[have + done..])?;
+            self.sums.feed(&self.buf[have + done..have + done + n]);
+            done += n;
             let at = self.start + (have + done) as u64;
             let last = self.points.points.last().map_or(0, |p| p.output);
             if at >= last + self.spacing {
                 if let Some((p, w)) = self.dec.point() {
                     debug_assert_eq!(p.output, at);
                     self.points.push(p, &w);
+                    self.sums.close();
                 }
             }
         }
@@ -515,7 +612,7 @@ impl Scan<'_> {
 pub struct Decoded {
     source: Arc<Source>,
     codec: Codec,
-    points: Points,
+    points: Arc<Points>,
     blocks: BlockCache<Vec<u8>>,
     /// One decoder at a time per stretch between entry points (striped): a second reader
     /// of the same neighbourhood waits and finds the blocks cached.
@@ -527,6 +624,10 @@ pub struct Decoded {
 /// small enough that the cache keeps the neighbourhoods in use.
 const BLOCK: u64 = 64 << 10;
 const LOCKS: usize = 64;
+/// How far past a read a miss decodes within its member: the rest of a file read in
+/// pieces (sequentially) is decoded once, and a random read in a large member does not
+/// decode to the end of a long stretch.
+const AHEAD: u64 = 4 << 20;
 
 impl Decoded {
     /// `stage_dir` is where a decoded copy goes when one is needed and does not fit in
@@ -535,12 +636,15 @@ impl Decoded {
         source: Source,
         codec: Codec,
         points: Points,
-        spacing: u64,
         cache_bytes: u64,
         stage_dir: Option<&std::path::Path>,
     ) -> Result<Decoded> {
         let source = Arc::new(source);
-        let stage = if points.widest() > spacing.saturating_mul(STAGE_BEYOND) {
+        let points = Arc::new(points);
+        let spread = points.spacing.saturating_mul(4);
+        let stage = if points.widest() > MAX_STRETCH.max(spread)
+            || (points.count() == 1 && points.len() > spread)
+        {
             tracing::info!(
                 "{}: this {} archive has {} entry point(s) for {} MiB decoded; serving it \
                  from a decoded copy made in the background (recompress it in independent \
@@ -553,7 +657,7 @@ impl Decoded {
             Some(Stage::start(
                 source.clone(),
                 codec,
-                points.len(),
+                points.clone(),
                 stage_dir,
             )?)
         } else {
@@ -618,7 +722,7 @@ impl Decoded {
             let key = base + (at - base) / BLOCK * BLOCK;
             let block = match self.blocks.get(key) {
                 Some(b) => b,
-                None => self.decode(i, key, end.max(horizon))?,
+                None => self.decode(i, key, horizon.clamp(end, end + AHEAD))?,
             };
             let from = (at - key) as usize;
             let upto = (end - key).min(block.len() as u64) as usize;
@@ -664,6 +768,7 @@ impl Decoded {
                     self.points.len
                 )));
             }
+            self.points.verify(i, at, &block)?;
             let b = self.blocks.get_or_load(at, || Ok(block))?;
             if at == key {
                 wanted = Some(b);

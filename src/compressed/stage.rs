@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{fill, Codec};
+use super::{fill, Codec, Points, BLOCK};
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
@@ -29,16 +29,15 @@ struct Progress {
     failed: Option<String>,
 }
 
-const CHUNK: usize = 4 << 20;
-
 impl Stage {
     /// Starts copying; returns at once.
     pub fn start(
         source: Arc<Source>,
         codec: Codec,
-        len: u64,
+        points: Arc<Points>,
         dir: Option<&Path>,
     ) -> Result<Arc<Stage>> {
+        let len = points.len();
         let fits =
             crate::preload::available_memory().is_none_or(|free| (len as f64) < free as f64 * 0.75);
         let file = match (fits, dir) {
@@ -56,7 +55,7 @@ impl Stage {
             .name("archfs-stage".into())
             .spawn(move || {
                 let started = std::time::Instant::now();
-                let result = s.copy(&source, codec, len);
+                let result = s.copy(&source, codec, &points);
                 let mut p = s.progress.lock();
                 match result {
                     Ok(()) => tracing::info!(
@@ -77,24 +76,30 @@ impl Stage {
         Ok(stage)
     }
 
-    fn copy(&self, source: &Source, codec: Codec, len: u64) -> Result<()> {
+    /// Decodes front to back, a block at a time, each checked against its CRC from the
+    /// indexing pass.
+    fn copy(&self, source: &Source, codec: Codec, points: &Points) -> Result<()> {
         let mut dec = codec.start(source)?;
-        let mut buf = vec![0u8; CHUNK];
+        let mut block = vec![0u8; BLOCK as usize];
         let mut at = 0u64;
-        while at < len {
-            let want = CHUNK.min((len - at) as usize);
-            let n = fill(dec.as_mut(), &mut buf[..want])?;
-            if n == 0 {
-                return Err(Error::corrupt(format!(
-                    "the archive decodes to {at} bytes, its index says {len}"
-                )));
+        for i in 0..points.count() {
+            let end = points.end_of(i);
+            while at < end {
+                let b = &mut block[..BLOCK.min(end - at) as usize];
+                if fill(dec.as_mut(), b)? < b.len() {
+                    return Err(Error::corrupt(format!(
+                        "the archive decodes to fewer bytes than its index says ({})",
+                        points.len()
+                    )));
+                }
+                points.verify(i, at, b)?;
+                self.file.write_all_at(b, at).map_err(|e| {
+                    Error::io("cannot write the decoded copy (is the disk full?)", e)
+                })?;
+                at += b.len() as u64;
+                self.progress.lock().upto = at;
+                self.moved.notify_all();
             }
-            self.file
-                .write_all_at(&buf[..n], at)
-                .map_err(|e| Error::io("cannot write the decoded copy (is the disk full?)", e))?;
-            at += n as u64;
-            self.progress.lock().upto = at;
-            self.moved.notify_all();
         }
         Ok(())
     }

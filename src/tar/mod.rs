@@ -131,7 +131,6 @@ impl TarArchive {
             source,
             how.codec,
             points,
-            how.spacing,
             how.cache_bytes,
             how.stage_dir.as_deref(),
         )?;
@@ -329,8 +328,9 @@ pub fn open(
     compressed: Option<&Compressed>,
 ) -> Result<Arc<TarArchive>> {
     debug_assert_eq!(ROOT_INO, 1);
-    let spacing_tag = compressed.map_or(0, |c| (c.spacing >> 16) as u32 & 0x7fff_ffff);
-    let id = persist::Identity::of(&source, opts.recursive, spacing_tag)?;
+    // The entry-point spacing is not part of it: an index built with another serves as
+    // well (delete it to rebuild with a new --entry-spacing).
+    let id = persist::Identity::of(&source, opts.recursive)?;
     let path = index_path
         .map(Path::to_owned)
         .unwrap_or_else(|| persist::default_path(source.path()));
@@ -351,7 +351,6 @@ pub fn open(
                     source,
                     c.codec,
                     points,
-                    c.spacing,
                     c.cache_bytes,
                     c.stage_dir.as_deref(),
                 )?),

@@ -28,9 +28,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// `options` are the settings the index depends on besides `recursive` (a
-    /// compressed archive's entry-point spacing).
-    pub fn of(source: &Source, recursive: bool, options: u32) -> Result<Identity> {
+    pub fn of(source: &Source, recursive: bool) -> Result<Identity> {
         let meta = std::fs::metadata(source.path())
             .map_err(|e| Error::io(format!("stat {}", source.path().display()), e))?;
         let size = source.len();
@@ -43,7 +41,7 @@ impl Identity {
             size,
             mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
             content: crc.finalize(),
-            options: u32::from(recursive) | options << 1,
+            options: u32::from(recursive),
         })
     }
 }

@@ -1,0 +1,468 @@
+//! Compressed tar archives (gzip, zstd, xz, bzip2) made by every writer users have,
+//! mounted and compared with what `tar -x` extracts from the same file; reads at random
+//! offsets through the entry points, checked byte for byte without a mount; damage,
+//! truncation and a damaged saved index.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use archfs::archive::{self, Archive, OpenOptions};
+use archfs::cache::CacheConfig;
+use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
+use common::*;
+
+/// Entry points this close together give even the small fixtures several of them.
+const SPACING: &str = "256K";
+
+/// The awkward tree plus a few MiB of compressible data, so gzip writes many dynamic
+/// deflate blocks and entry points fall mid-byte with a full window behind them.
+fn fixture(dir: &TempDir) -> PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    make_awkward_tree(
+        &src,
+        &TreeSpec {
+            big_dir_entries: 500,
+            sparse_4g: false,
+            ..TreeSpec::default()
+        },
+    )
+    .unwrap();
+    std::fs::write(src.join("words.txt"), words(3 << 20, 7)).unwrap();
+    src
+}
+
+/// Text-like bytes: a small alphabet, so every compressor finds matches.
+fn words(len: usize, seed: u64) -> Vec<u8> {
+    let mut next = xorshift_bytes(seed);
+    next(len)
+        .into_iter()
+        .map(|b| b"etaoin shrdlu\n"[(b % 14) as usize])
+        .collect()
+}
+
+fn pax_tar(dir: &TempDir, src: &Path) -> PathBuf {
+    let tar = dir.join("base.tar");
+    run_ok(
+        Command::new("tar")
+            .args([
+                "--format=posix",
+                "--xattrs",
+                "--xattrs-include=user.*",
+                "-cf",
+            ])
+            .arg(&tar)
+            .arg("-C")
+            .arg(src)
+            .arg("."),
+    );
+    tar
+}
+
+/// `sh -c` with `$IN` and `$OUT` set.
+fn compress(script: &str, input: &Path, out: &Path) {
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .env("IN", input)
+            .env("OUT", out),
+    );
+    assert!(out.exists(), "{script} made nothing");
+}
+
+fn extract(archive: &Path, into: &Path) {
+    std::fs::create_dir_all(into).unwrap();
+    let out = Command::new("tar")
+        .args([
+            "-x",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--same-owner",
+            "--numeric-owner",
+            "-p",
+            "-f",
+        ])
+        .arg(archive)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tar -x {archive:?}: {}",
+        stderr_of(&out)
+    );
+}
+
+fn index_of(archive: &Path) -> PathBuf {
+    archive.with_file_name(format!(
+        "{}.archfs-index",
+        archive.file_name().unwrap().to_string_lossy()
+    ))
+}
+
+/// Mounts `archive` twice (indexing it, then from the saved index) and compares each
+/// with `tar -x` of the same file; returns what `archfs info` says of it.
+fn check(dir: &TempDir, archive: &Path, what: &str) -> String {
+    let ex = dir.join(format!("x-{what}"));
+    extract(archive, &ex);
+    let mnt = dir.join(format!("m-{what}"));
+    let opts = CompareOpts {
+        xattrs: true,
+        root_attrs: true,
+        ..CompareOpts::default()
+    };
+    for pass in ["indexed", "saved index"] {
+        let m = Mount::new(
+            archive,
+            &mnt,
+            &["--cache-size", "8M", "--entry-spacing", SPACING],
+        );
+        common::suite::check_mount(&ex, &m.path, &opts, &format!("{what}, {pass}"));
+        assert!(index_of(archive).exists(), "{what}: no index saved");
+    }
+    let info = run_ok(archfs().arg("info").arg(archive));
+    std::fs::remove_dir_all(&ex).unwrap();
+    String::from_utf8_lossy(&info.stdout).into_owned()
+}
+
+/// The number in "N entry points" of `archfs info`.
+fn entry_points(info: &str) -> usize {
+    let at = info.find(" entry point").expect(info);
+    info[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn gzip_from_every_writer_matches_tar_x() {
+    let dir = TempDir::new("gz-writers");
+    let src = fixture(&dir);
+    let tar = pax_tar(&dir, &src);
+    for (name, script) in [
+        ("gzip", "gzip -6 -c < \"$IN\" > \"$OUT\""),
+        ("gzip-1", "gzip -1 -c < \"$IN\" > \"$OUT\""),
+        ("pigz", "pigz -p 2 -c < \"$IN\" > \"$OUT\""),
+        // Many small members: a gzip member for every 64 KiB.
+        ("bgzip", "bgzip -c < \"$IN\" > \"$OUT\""),
+        (
+            "concat",
+            "head -c 1000000 \"$IN\" | gzip -c > \"$OUT\"; tail -c +1000001 \"$IN\" | gzip -c >> \"$OUT\"",
+        ),
+    ] {
+        let gz = dir.join(format!("{name}.tar.gz"));
+        compress(script, &tar, &gz);
+        let info = check(&dir, &gz, name);
+        assert!(info.contains("gzip"), "{info}");
+        assert!(
+            entry_points(&info) >= 20,
+            "{name}: expected an entry point every {SPACING}: {info}"
+        );
+    }
+}
+
+#[test]
+fn zstd_frames_are_entry_points_and_one_frame_is_staged() {
+    let dir = TempDir::new("zst-writers");
+    let src = fixture(&dir);
+    let tar = pax_tar(&dir, &src);
+    let one = dir.join("one.tar.zst");
+    compress(
+        "zstd -q --single-thread -c < \"$IN\" > \"$OUT\"",
+        &tar,
+        &one,
+    );
+    let info = check(&dir, &one, "zstd");
+    assert!(info.contains("decoded copy"), "{info}");
+    let many = dir.join("many.tar.zst");
+    compress("pzstd -q -p 2 -c < \"$IN\" > \"$OUT\"", &tar, &many);
+    let info = check(&dir, &many, "pzstd");
+    assert!(
+        entry_points(&info) >= 2 && !info.contains("decoded copy"),
+        "{info}"
+    );
+}
+
+#[test]
+fn xz_and_bzip2_from_every_writer_match_tar_x() {
+    let dir = TempDir::new("xz-bz2-writers");
+    let src = fixture(&dir);
+    let tar = pax_tar(&dir, &src);
+    for (name, script) in [
+        ("xz", "xz -c < \"$IN\" > \"$OUT\""),
+        ("xz-T2", "xz -T2 --block-size=1MiB -c < \"$IN\" > \"$OUT\""),
+        ("bzip2", "bzip2 -c < \"$IN\" > \"$OUT\""),
+        ("lbzip2", "lbzip2 -n 2 -c < \"$IN\" > \"$OUT\""),
+        ("pbzip2", "pbzip2 -p2 -c < \"$IN\" > \"$OUT\""),
+    ] {
+        let file = dir.join(format!("{name}.tar.c"));
+        compress(script, &tar, &file);
+        let info = check(&dir, &file, name);
+        assert!(info.contains("decoded copy"), "{info}");
+    }
+}
+
+#[test]
+fn python_tarfile_compressed_archives_match_tar_x() {
+    let dir = TempDir::new("py-compressed");
+    let src = fixture(&dir);
+    for mode in ["gz", "bz2", "xz"] {
+        let archive = dir.join(format!("py.tar.{mode}"));
+        let script = format!(
+            "import tarfile\nwith tarfile.open({:?}, 'w:{mode}', format=tarfile.PAX_FORMAT) as t:\n    t.add({:?}, arcname='.')\n",
+            archive.to_str().unwrap(),
+            src.to_str().unwrap()
+        );
+        run_ok(Command::new("python3").arg("-c").arg(script));
+        // tarfile stores no xattrs: compare without them.
+        let ex = dir.join(format!("x-{mode}"));
+        extract(&archive, &ex);
+        let m = Mount::new(&archive, &dir.join(format!("m-{mode}")), &[]);
+        let opts = CompareOpts {
+            xattrs: false,
+            root_attrs: true,
+            ..CompareOpts::default()
+        };
+        common::suite::check_mount(&ex, &m.path, &opts, mode);
+    }
+}
+
+/// Reads a large member at random offsets and lengths, and across every multiple of the
+/// spacing, through the archive interface with a cache too small to hold it, so most
+/// reads decode from an entry point.
+#[test]
+fn random_reads_through_every_entry_point_match_the_source() {
+    let dir = TempDir::new("gz-random");
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    let data = words(12 << 20, 11);
+    std::fs::write(src.join("big"), &data).unwrap();
+    let tar = dir.join("big.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("big"),
+    );
+    let spacing = 256u64 << 10;
+    for (name, script) in [
+        ("gz", "gzip -6 -c < \"$IN\" > \"$OUT\""),
+        ("pzstd", "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+    ] {
+        let file = dir.join(format!("big.tar.{name}"));
+        compress(script, &tar, &file);
+        let options = OpenOptions {
+            spacing: Some(spacing),
+            ..OpenOptions::default()
+        };
+        let cache = CacheConfig {
+            total_bytes: 2 << 20,
+        };
+        for pass in ["indexed", "saved index"] {
+            let a = archive::open_with(&file, &cache, &options).unwrap();
+            if name == "gz" {
+                // Only deflate block ends qualify, so they come somewhat further apart.
+                assert!(entry_points(&a.format()) >= 30, "{}", a.format());
+            }
+            let ino = archive::resolve(a.as_ref(), Path::new("big")).unwrap().ino;
+            let check = |off: u64, len: u32| {
+                let got = a.read(ino, off, len).unwrap();
+                let end = (off as usize + len as usize).min(data.len());
+                assert!(
+                    got[..] == data[off as usize..end],
+                    "{name} ({pass}): read of {len} at {off} differs"
+                );
+            };
+            let mut off = spacing;
+            while off < data.len() as u64 {
+                check(off - 3, 7);
+                check(off - 70_000, 140_000);
+                off += spacing;
+            }
+            let mut rnd = xorshift_bytes(99);
+            for _ in 0..300 {
+                let r = rnd(8);
+                let v = u64::from_le_bytes(r.try_into().unwrap());
+                let off = v % data.len() as u64;
+                let len = (v >> 40) as u32 % (300 << 10) + 1;
+                check(off, len);
+            }
+            check(data.len() as u64 - 10, 100);
+        }
+    }
+}
+
+/// Damage in the middle of an indexed archive (its size, mtime and ends unchanged, so
+/// the saved index still applies) fails the reads of the files decoded from the damaged
+/// stretch with EIO, and only those; a truncated archive or one damaged at the start is
+/// refused at mount with one clear line.
+#[test]
+fn damage_gives_eio_for_the_files_in_it_and_truncation_is_refused() {
+    let dir = TempDir::new("gz-damage");
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut rnd = xorshift_bytes(5);
+    for i in 0..200 {
+        std::fs::write(src.join(format!("f{i:03}")), rnd(100_000)).unwrap();
+    }
+    let tar = dir.join("d.tar");
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("."),
+    );
+    for (name, script) in [
+        ("gz", "gzip -c < \"$IN\" > \"$OUT\""),
+        ("pzstd", "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+    ] {
+        let file = dir.join(format!("d.tar.{name}"));
+        compress(script, &tar, &file);
+        let mnt = dir.join(format!("m-{name}"));
+        drop(Mount::new(&file, &mnt, &["--entry-spacing", SPACING]));
+        let info = run_ok(archfs().arg("info").arg(&file));
+        let points = entry_points(&String::from_utf8_lossy(&info.stdout));
+        let orig = std::fs::read(&file).unwrap();
+        let mut bytes = orig.clone();
+        let mtime = std::fs::metadata(&file).unwrap().modified().unwrap();
+        let mid = bytes.len() / 2;
+        for b in &mut bytes[mid..mid + 16] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&file, &bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let m = Mount::new(&file, &mnt, &["--entry-spacing", SPACING]);
+        let (mut bad, mut good) = (0, 0);
+        for i in 0..200 {
+            let name = format!("f{i:03}");
+            match std::fs::read(m.path.join(&name)) {
+                Ok(got) => {
+                    assert!(
+                        got == std::fs::read(src.join(&name)).unwrap(),
+                        "{name} differs"
+                    );
+                    good += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}");
+                    bad += 1;
+                }
+            }
+        }
+        // The damage reaches the files decoded from the same stretch: a few 100 KB files
+        // in gzip's 256 KiB stretches, a frame's worth in pzstd's.
+        let most = if name == "gz" { 8 } else { 200 / points + 3 };
+        assert!(
+            (1..=most).contains(&bad),
+            "{name}: {bad} unreadable (at most {most} expected), {good} read"
+        );
+        drop(m);
+
+        // Truncated, and damaged at the start: refused at mount.
+        let cut = dir.join(format!("cut.tar.{name}"));
+        std::fs::write(&cut, &orig[..orig.len() * 2 / 3]).unwrap();
+        let out = archfs().arg("mount").arg(&cut).arg(&mnt).output().unwrap();
+        assert!(!out.status.success() && !is_mounted(&mnt));
+        let err = stderr_of(&out);
+        assert!(err.contains("truncated"), "{name}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let start = dir.join(format!("start.tar.{name}"));
+        compress(script, &tar, &start);
+        let mut s = std::fs::read(&start).unwrap();
+        for b in &mut s[20..60] {
+            *b ^= 0xa5;
+        }
+        std::fs::write(&start, &s).unwrap();
+        let out = archfs()
+            .arg("mount")
+            .arg(&start)
+            .arg(&mnt)
+            .output()
+            .unwrap();
+        assert!(!out.status.success() && !is_mounted(&mnt));
+        let err = stderr_of(&out);
+        assert!(err.contains("damaged"), "{name}: {err}");
+    }
+}
+
+/// A damaged saved index is rebuilt, and a directory of compressed shards mounts as one
+/// tree.
+#[test]
+fn shards_mount_as_a_union_and_a_damaged_index_is_rebuilt() {
+    let dir = TempDir::new("gz-shards");
+    let shards = dir.join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let all = dir.join("all");
+    for s in 0..3 {
+        let src = dir.join(format!("s{s}"));
+        let part = src.join(format!("part{s}"));
+        std::fs::create_dir_all(&part).unwrap();
+        let all_part = all.join(format!("part{s}"));
+        std::fs::create_dir_all(&all_part).unwrap();
+        for i in 0..20 {
+            let body = words(30_000 + i * 1000, s as u64 * 100 + i as u64);
+            std::fs::write(part.join(format!("{i}.txt")), &body).unwrap();
+            std::fs::write(all_part.join(format!("{i}.txt")), &body).unwrap();
+        }
+        let tar = dir.join(format!("s{s}.tar"));
+        run_ok(
+            Command::new("tar")
+                .arg("-cf")
+                .arg(&tar)
+                .arg("-C")
+                .arg(&src)
+                .arg("."),
+        );
+        let tool = ["gzip -c", "pzstd -q -c", "bgzip -c"][s];
+        compress(
+            &format!("{tool} < \"$IN\" > \"$OUT\""),
+            &tar,
+            &shards.join(format!("s{s}.tar.c")),
+        );
+    }
+    let mnt = dir.join("mnt");
+    for pass in ["indexed", "saved"] {
+        let m = Mount::new(&shards, &mnt, &[]);
+        for s in 0..3 {
+            for i in 0..20 {
+                let rel = format!("part{s}/{i}.txt");
+                assert!(
+                    std::fs::read(m.path.join(&rel)).unwrap()
+                        == std::fs::read(all.join(&rel)).unwrap(),
+                    "{rel} ({pass})"
+                );
+            }
+        }
+    }
+    let ix = index_of(&shards.join("s0.tar.c"));
+    let mut b = std::fs::read(&ix).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0xff;
+    std::fs::write(&ix, &b).unwrap();
+    let log = dir.join("log");
+    let m = Mount::new(
+        &shards.join("s0.tar.c"),
+        &mnt,
+        &["--debug", "--log", log.to_str().unwrap()],
+    );
+    assert!(std::fs::read_to_string(&log).unwrap().contains("damaged"));
+    assert!(
+        std::fs::read(m.path.join("part0/3.txt")).unwrap()
+            == std::fs::read(all.join("part0/3.txt")).unwrap()
+    );
+}
