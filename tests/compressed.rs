@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use archfs::archive::{self, Archive, OpenOptions};
+use archfs::archive::{self, OpenOptions};
 use archfs::cache::CacheConfig;
 use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
 use common::*;
