@@ -500,7 +500,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
     let entries = 20 * 1000 + 20 + 1;
     let open = || {
         archfs::tar::open(
-            archfs::archive::Source::open(&tar).unwrap(),
+            std::sync::Arc::new(archfs::archive::Source::open(&tar).unwrap()),
             archfs::tar::BuildOptions::default(),
             None,
             None,

@@ -231,7 +231,11 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
                 implied_gid: 0,
                 implied_mtime: 0,
             };
-            Box::new(crate::tar::TarArchive::build(source, opts, &mut |_| {})?)
+            Box::new(crate::tar::TarArchive::build(
+                std::sync::Arc::new(source),
+                opts,
+                &mut |_| {},
+            )?)
         }
     };
     Ok(check(&*archive, limits))

@@ -134,6 +134,7 @@ pub fn open_with(
         return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
     }
     if let Some(codec) = Codec::detect(&magic) {
+        let source = Arc::new(source);
         if !decodes_to_tar(&source, codec) {
             return Err(Error::Unsupported(format!(
                 "{} is {}-compressed but holds no tar archive (or is damaged at its start); \
@@ -166,7 +167,7 @@ pub fn open_with(
     if is_tar(&source) {
         let opts = tar_options(options, &source);
         return Ok(crate::tar::open(
-            source,
+            Arc::new(source),
             opts,
             options.index.as_deref(),
             None,
@@ -208,7 +209,7 @@ fn tar_options(options: &OpenOptions, source: &Source) -> crate::tar::BuildOptio
 }
 
 /// Whether the first 512 decoded bytes are a tar header.
-fn decodes_to_tar(source: &Source, codec: Codec) -> bool {
+fn decodes_to_tar(source: &Arc<Source>, codec: Codec) -> bool {
     let mut raw = [0u8; 512];
     let Ok(n) = crate::compressed::first_bytes(source, codec, &mut raw) else {
         return false;

@@ -7,6 +7,8 @@
 use libz_rs_sys as z;
 
 use super::{Decoder, Input, Point};
+use std::sync::Arc;
+
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
@@ -15,10 +17,10 @@ pub const WINDOW: usize = 32 << 10;
 const GZIP: i32 = 31;
 const RAW: i32 = -15;
 
-pub struct Inflate<'a> {
+pub struct Inflate {
     /// Boxed: zlib's state points back at its stream, which must not move.
     strm: Box<z::z_stream>,
-    input: Input<'a>,
+    input: Input,
     /// Raw deflate (resumed at an entry point): the member's trailer is ours to skip.
     raw: bool,
     out: u64,
@@ -27,7 +29,7 @@ pub struct Inflate<'a> {
 
 // SAFETY: the stream's pointers refer to the boxed state and to `input`'s buffer, both
 // owned by this value and moved with it; zlib-rs keeps no thread-local state.
-unsafe impl Send for Inflate<'_> {}
+unsafe impl Send for Inflate {}
 
 fn init(strm: &mut z::z_stream, bits: i32) -> Result<()> {
     // SAFETY: strm is a zeroed stream; zlib-rs fills in its allocator and state.
@@ -47,14 +49,14 @@ fn init(strm: &mut z::z_stream, bits: i32) -> Result<()> {
     Ok(())
 }
 
-impl<'a> Inflate<'a> {
+impl Inflate {
     /// A decoder at the start of the archive.
-    pub fn start(src: &'a Source) -> Result<Inflate<'a>> {
+    pub fn start(src: &Arc<Source>) -> Result<Inflate> {
         let mut strm = Box::<z::z_stream>::default();
         init(&mut strm, GZIP)?;
         Ok(Inflate {
             strm,
-            input: Input::new(src, 0),
+            input: Input::new(src.clone(), 0),
             raw: false,
             out: 0,
             ended: false,
@@ -62,7 +64,7 @@ impl<'a> Inflate<'a> {
     }
 
     /// A decoder at a saved entry point.
-    pub fn resume(src: &'a Source, p: &Point, window: &[u8]) -> Result<Inflate<'a>> {
+    pub fn resume(src: &Arc<Source>, p: &Point, window: &[u8]) -> Result<Inflate> {
         let mut strm = Box::<z::z_stream>::default();
         init(&mut strm, RAW)?;
         if p.bits > 0 {
@@ -83,7 +85,7 @@ impl<'a> Inflate<'a> {
         }
         Ok(Inflate {
             strm,
-            input: Input::new(src, p.input),
+            input: Input::new(src.clone(), p.input),
             raw: true,
             out: p.output,
             ended: false,
@@ -109,7 +111,7 @@ impl<'a> Inflate<'a> {
     }
 }
 
-impl Decoder for Inflate<'_> {
+impl Decoder for Inflate {
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < out.len() && !self.ended {
@@ -196,7 +198,7 @@ fn zmsg(strm: &z::z_stream) -> String {
         .into_owned()
 }
 
-impl Drop for Inflate<'_> {
+impl Drop for Inflate {
     fn drop(&mut self) {
         // SAFETY: an initialised stream, ended once.
         unsafe { z::inflateEnd(&mut *self.strm) };

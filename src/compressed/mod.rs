@@ -58,7 +58,7 @@ impl Codec {
     }
 
     /// A decoder at the start of the archive.
-    fn start(self, src: &Source) -> Result<Box<dyn Decoder + '_>> {
+    fn start(self, src: &Arc<Source>) -> Result<Box<dyn Decoder>> {
         Ok(match self {
             Codec::Gzip => Box::new(gzip::Inflate::start(src)?),
             Codec::Zstd => Box::new(zstd::Frames::resume(src, &Point::default())?),
@@ -68,12 +68,7 @@ impl Codec {
     }
 
     /// A decoder at an entry point other than the start.
-    fn resume<'a>(
-        self,
-        src: &'a Source,
-        p: &Point,
-        window: &[u8],
-    ) -> Result<Box<dyn Decoder + 'a>> {
+    fn resume(self, src: &Arc<Source>, p: &Point, window: &[u8]) -> Result<Box<dyn Decoder>> {
         Ok(match self {
             Codec::Gzip => Box::new(gzip::Inflate::resume(src, p, window)?),
             Codec::Zstd => Box::new(zstd::Frames::resume(src, p)?),
@@ -115,23 +110,23 @@ fn fill(dec: &mut dyn Decoder, out: &mut [u8]) -> Result<usize> {
 }
 
 /// Decodes the start of the archive into `out`; returns the bytes decoded.
-pub fn first_bytes(src: &Source, codec: Codec, out: &mut [u8]) -> Result<usize> {
+pub fn first_bytes(src: &Arc<Source>, codec: Codec, out: &mut [u8]) -> Result<usize> {
     fill(codec.start(src)?.as_mut(), out)
 }
 
 /// Archive bytes read ahead of a decoder in large `pread`s.
-pub struct Input<'a> {
-    src: &'a Source,
+pub struct Input {
+    src: Arc<Source>,
     buf: Vec<u8>,
     used: usize,
     /// Archive offset just past `buf`.
     next: u64,
 }
 
-const INPUT_CHUNK: u64 = 256 << 10;
+const INPUT_CHUNK: u64 = 128 << 10;
 
-impl<'a> Input<'a> {
-    pub fn new(src: &'a Source, at: u64) -> Input<'a> {
+impl Input {
+    pub fn new(src: Arc<Source>, at: u64) -> Input {
         Input {
             src,
             buf: Vec::new(),
@@ -406,12 +401,12 @@ const MAX_STRETCH: u64 = 32 << 20;
 /// recorded every `spacing` bytes of output.
 pub struct Scan<'a> {
     codec: Codec,
-    src: &'a Source,
+    src: Arc<Source>,
     state: Mutex<ScanState<'a>>,
 }
 
 struct ScanState<'a> {
-    dec: Box<dyn Decoder + 'a>,
+    dec: Box<dyn Decoder>,
     /// Decoded bytes `[start, start + buf.len())`.
     buf: Vec<u8>,
     start: u64,
@@ -427,7 +422,7 @@ const STEP: usize = 256 << 10;
 
 impl<'a> Scan<'a> {
     pub fn new(
-        src: &'a Source,
+        src: &Arc<Source>,
         codec: Codec,
         spacing: u64,
         progress: &'a mut (dyn FnMut(u64) + Send),
@@ -440,7 +435,7 @@ impl<'a> Scan<'a> {
         points.push(Point::default(), &[]);
         Ok(Scan {
             codec,
-            src,
+            src: src.clone(),
             state: Mutex::new(ScanState {
                 dec: codec.start(src)?,
                 buf: Vec::new(),
@@ -587,9 +582,9 @@ impl Scan<'_> {
             (s.points.points[i], s.points.window(i)?)
         };
         let mut dec = if p == Point::default() {
-            self.codec.start(self.src)?
+            self.codec.start(&self.src)?
         } else {
-            self.codec.resume(self.src, &p, &window)?
+            self.codec.resume(&self.src, &p, &window)?
         };
         let mut skip = vec![0u8; STEP];
         let mut at = p.output;
@@ -617,8 +612,15 @@ pub struct Decoded {
     /// One decoder at a time per stretch between entry points (striped): a second reader
     /// of the same neighbourhood waits and finds the blocks cached.
     locks: Box<[Mutex<()>]>,
+    /// Decoders left where a read's decoding ended, by stretch: the next read further
+    /// into the same stretch goes on from there instead of from the entry point, so a
+    /// stretch read in any order is decoded about once while its blocks stay cached.
+    parked: Mutex<lru::LruCache<usize, (u64, Box<dyn Decoder>)>>,
     stage: Option<Arc<Stage>>,
 }
+
+/// Parked decoders: ~170 KiB each (the input buffer, zlib's state and window).
+const PARKED: usize = 64;
 
 /// Decoded blocks in the cache: large enough that a file of ~110 KiB is two or three,
 /// small enough that the cache keeps the neighbourhoods in use.
@@ -633,13 +635,12 @@ impl Decoded {
     /// `stage_dir` is where a decoded copy goes when one is needed and does not fit in
     /// memory.
     pub fn new(
-        source: Source,
+        source: Arc<Source>,
         codec: Codec,
         points: Points,
         cache_bytes: u64,
         stage_dir: Option<&std::path::Path>,
     ) -> Result<Decoded> {
-        let source = Arc::new(source);
         let points = Arc::new(points);
         let spread = points.spacing.saturating_mul(4);
         let stage = if points.widest() > MAX_STRETCH.max(spread)
@@ -669,6 +670,9 @@ impl Decoded {
             points,
             blocks: BlockCache::new("decoded", cache_bytes as usize),
             locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
+            parked: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(PARKED).unwrap(),
+            )),
             stage,
         })
     }
@@ -750,13 +754,15 @@ impl Decoded {
         let p = self.points.points[i];
         let stop = self.points.end_of(i);
         let horizon = horizon.clamp(key + 1, stop);
-        let window = self.points.window(i)?;
-        let mut dec = if i == 0 {
-            self.codec.start(&self.source)?
-        } else {
-            self.codec.resume(&self.source, &p, &window)?
+        let parked = self.parked.lock().pop(&i).filter(|(at, _)| *at <= key);
+        let (mut at, mut dec) = match parked {
+            Some(d) => d,
+            None if i == 0 => (p.output, self.codec.start(&self.source)?),
+            None => {
+                let window = self.points.window(i)?;
+                (p.output, self.codec.resume(&self.source, &p, &window)?)
+            }
         };
-        let mut at = p.output;
         let mut wanted = None;
         while at < horizon {
             let size = BLOCK.min(stop - at) as usize;
@@ -774,6 +780,9 @@ impl Decoded {
                 wanted = Some(b);
             }
             at += size as u64;
+        }
+        if at < stop {
+            self.parked.lock().put(i, (at, dec));
         }
         wanted.ok_or_else(|| Error::corrupt("decoded block not found"))
     }

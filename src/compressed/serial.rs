@@ -2,6 +2,8 @@
 //! served from a decoded copy ([`super::stage`]).
 
 use super::{Decoder, Input, Point};
+use std::sync::Arc;
+
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
@@ -10,34 +12,34 @@ enum Engine {
     Bzip2(bzip2::Decompress),
 }
 
-pub struct Serial<'a> {
+pub struct Serial {
     engine: Engine,
-    input: Input<'a>,
+    input: Input,
     ended: bool,
 }
 
-impl<'a> Serial<'a> {
-    pub fn xz(src: &'a Source) -> Result<Serial<'a>> {
+impl Serial {
+    pub fn xz(src: &Arc<Source>) -> Result<Serial> {
         let s =
             liblzma::stream::Stream::new_stream_decoder(u64::MAX, liblzma::stream::CONCATENATED)
                 .map_err(|e| Error::corrupt(format!("cannot start the xz decoder: {e}")))?;
         Ok(Serial {
             engine: Engine::Xz(s),
-            input: Input::new(src, 0),
+            input: Input::new(src.clone(), 0),
             ended: false,
         })
     }
 
-    pub fn bzip2(src: &'a Source) -> Serial<'a> {
+    pub fn bzip2(src: &Arc<Source>) -> Serial {
         Serial {
             engine: Engine::Bzip2(bzip2::Decompress::new(false)),
-            input: Input::new(src, 0),
+            input: Input::new(src.clone(), 0),
             ended: false,
         }
     }
 }
 
-impl Decoder for Serial<'_> {
+impl Decoder for Serial {
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < out.len() && !self.ended {

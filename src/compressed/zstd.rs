@@ -5,24 +5,26 @@
 use zstd::zstd_safe::{get_error_name, DCtx, InBuffer, OutBuffer};
 
 use super::{Decoder, Input, Point};
+use std::sync::Arc;
+
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
-pub struct Frames<'a> {
+pub struct Frames {
     dctx: DCtx<'static>,
-    input: Input<'a>,
+    input: Input,
     out: u64,
     /// Between frames: the next input byte starts one.
     between: bool,
     ended: bool,
 }
 
-impl<'a> Frames<'a> {
+impl Frames {
     /// A decoder at the frame that starts at `p` (the archive's start is one).
-    pub fn resume(src: &'a Source, p: &Point) -> Result<Frames<'a>> {
+    pub fn resume(src: &Arc<Source>, p: &Point) -> Result<Frames> {
         Ok(Frames {
             dctx: DCtx::create(),
-            input: Input::new(src, p.input),
+            input: Input::new(src.clone(), p.input),
             out: p.output,
             between: true,
             ended: false,
@@ -30,7 +32,7 @@ impl<'a> Frames<'a> {
     }
 }
 
-impl Decoder for Frames<'_> {
+impl Decoder for Frames {
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < out.len() && !self.ended {

@@ -40,7 +40,7 @@ pub struct TarArchive {
 
 /// Where the tar stream is.
 pub enum Body {
-    Plain(Source),
+    Plain(Arc<Source>),
     Decoded(Decoded),
 }
 
@@ -93,12 +93,12 @@ pub struct Compressed {
 impl TarArchive {
     /// Indexes the archive in one pass over its headers.
     pub fn build(
-        source: Source,
+        source: Arc<Source>,
         opts: BuildOptions,
         progress: &mut dyn FnMut(u64),
     ) -> Result<TarArchive> {
         let len = source.len();
-        let mut b = index::Builder::new(&source, opts, progress);
+        let mut b = index::Builder::new(source.as_ref(), opts, progress);
         b.scan(0, len, &[], 0)?;
         let index = b.finish();
         for s in &index.skipped {
@@ -110,7 +110,7 @@ impl TarArchive {
     /// Indexes a compressed archive in one pass that decodes it, recording entry points
     /// on the way.
     pub fn build_compressed(
-        source: Source,
+        source: Arc<Source>,
         opts: BuildOptions,
         how: &Compressed,
         progress: &mut (dyn FnMut(u64) + Send),
@@ -322,7 +322,7 @@ impl Archive for TarArchive {
 /// when that matches the archive as it is now, else scans it (with a progress bar on a
 /// terminal) and saves the index for next time.
 pub fn open(
-    source: Source,
+    source: Arc<Source>,
     opts: BuildOptions,
     index_path: Option<&Path>,
     compressed: Option<&Compressed>,
