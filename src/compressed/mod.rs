@@ -615,9 +615,12 @@ pub struct Decoded {
     /// Decoders left where a read's decoding ended, by stretch: the next read further
     /// into the same stretch goes on from there instead of from the entry point, so a
     /// stretch read in any order is decoded about once while its blocks stay cached.
-    parked: Mutex<lru::LruCache<usize, (u64, Box<dyn Decoder>)>>,
+    parked: Mutex<lru::LruCache<usize, Parked>>,
     stage: Option<Arc<Stage>>,
 }
+
+/// A decoder and the decoded offset it stopped at.
+type Parked = (u64, Box<dyn Decoder>);
 
 /// Parked decoders: ~170 KiB each (the input buffer, zlib's state and window).
 const PARKED: usize = 64;
