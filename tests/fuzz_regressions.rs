@@ -44,6 +44,11 @@ fn squashfs_findings_fail_cleanly() {
 }
 
 #[test]
+fn compressed_findings_fail_cleanly() {
+    replay("compressed", Format::CompressedTar);
+}
+
+#[test]
 fn tar_findings_fail_cleanly() {
     // The directory may hold only its placeholder until the tar fuzzer finds something.
     replay("tar", Format::Tar);

@@ -201,6 +201,8 @@ pub enum Format {
     SquashFs,
     /// Indexed with `--recursive`, so nested tars are parsed too.
     Tar,
+    /// A compressed tar (gzip, zstd, xz, bzip2, by its magic), entry points every 64 KiB.
+    CompressedTar,
 }
 
 /// Limits for archives whose bytes come from a fuzzer: small enough for thousands of
@@ -222,18 +224,35 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
     let cache = CacheConfig {
         total_bytes: 4 << 20,
     };
+    let opts = crate::tar::BuildOptions {
+        recursive: true,
+        implied_uid: 0,
+        implied_gid: 0,
+        implied_mtime: 0,
+    };
     let archive: Box<dyn Archive> = match format {
         Format::SquashFs => Box::new(crate::squashfs::SquashFs::open(source, &cache)?),
-        Format::Tar => {
-            let opts = crate::tar::BuildOptions {
-                recursive: true,
-                implied_uid: 0,
-                implied_gid: 0,
-                implied_mtime: 0,
+        Format::Tar => Box::new(crate::tar::TarArchive::build(
+            std::sync::Arc::new(source),
+            opts,
+            &mut |_| {},
+        )?),
+        Format::CompressedTar => {
+            let mut magic = [0u8; 4];
+            source.read_exact_at(0, &mut magic)?;
+            let codec = crate::compressed::Codec::detect(&magic)
+                .ok_or_else(|| Error::Unsupported("no compressed format's magic".into()))?;
+            let how = crate::tar::Compressed {
+                codec,
+                spacing: 64 << 10,
+                cache_bytes: cache.total_bytes,
+                stage_dir: None,
+                limit: 64 << 20,
             };
-            Box::new(crate::tar::TarArchive::build(
+            Box::new(crate::tar::TarArchive::build_compressed(
                 std::sync::Arc::new(source),
                 opts,
+                &how,
                 &mut |_| {},
             )?)
         }

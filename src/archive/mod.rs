@@ -148,6 +148,7 @@ pub fn open_with(
             spacing: options.spacing.unwrap_or(DEFAULT_SPACING),
             cache_bytes: cache.total_bytes,
             stage_dir: options.stage_dir.clone(),
+            limit: u64::MAX,
         };
         let opts = tar_options(options, &source);
         return Ok(crate::tar::open(

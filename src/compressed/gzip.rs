@@ -183,6 +183,10 @@ impl Decoder for Inflate {
         self.ended
     }
 
+    fn shrink(&mut self) {
+        self.input.shrink();
+    }
+
     fn input_pos(&self) -> u64 {
         self.input.pos()
     }

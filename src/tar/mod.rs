@@ -88,6 +88,9 @@ pub struct Compressed {
     pub cache_bytes: u64,
     /// Where a decoded copy goes when one is needed and memory is short.
     pub stage_dir: Option<std::path::PathBuf>,
+    /// Decoded bytes beyond which the archive is refused (the fuzz target's bound on a
+    /// decompression bomb; `u64::MAX` for users, whose disk is the bound).
+    pub limit: u64,
 }
 
 impl TarArchive {
@@ -116,7 +119,7 @@ impl TarArchive {
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<TarArchive> {
         let (index, points) = {
-            let scan = Scan::new(&source, how.codec, how.spacing, progress)?;
+            let scan = Scan::new(&source, how.codec, how.spacing, how.limit, progress)?;
             let mut quiet = |_| {};
             let mut b = index::Builder::new(&scan, opts, &mut quiet);
             b.scan(0, u64::MAX >> 1, &[], 0)?;
