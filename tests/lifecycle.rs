@@ -415,6 +415,40 @@ fn run_endings(who: Who) {
 
 as_root_and_as_a_user!(run_endings);
 
+/// Compressed tars end the same way: a gzip tar read in place, and an xz tar served from
+/// a decoded copy that a background thread makes (it may still be running at the signal).
+fn compressed_endings(who: Who) {
+    let mut j = Job::new("compressed", who);
+    let src = j.stage.dir.join("csrc");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
+    std::fs::write(src.join("sub/big.bin"), xorshift_bytes(3)(32 << 20)).unwrap();
+    for (ext, tool) in [("tar.gz", "gzip -1"), ("tar.xz", "xz -0")] {
+        let archive = j.stage.dir.join(format!("data.{ext}"));
+        run_ok(std::process::Command::new("sh").arg("-c").arg(format!(
+            "tar -cf - -C {} . | {tool} > {}",
+            src.display(),
+            archive.display()
+        )));
+        j.img = archive;
+        for (name, sig) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+            let server = j.mount();
+            let holder = j.hold();
+            let t = Instant::now();
+            kill(server, sig);
+            j.gone(t, &format!("{ext}: {name} to the server, a file held open"));
+            drop(holder);
+        }
+        let mut run = j.run("exit0");
+        let status = wait(&mut run);
+        assert_eq!(status.code(), Some(0), "{}: {ext}: {:?}", j.who(), j.log_lines());
+        j.gone(Instant::now(), &format!("{ext}: command exit0"));
+        j.reap();
+    }
+}
+
+as_root_and_as_a_user!(compressed_endings);
+
 /// `run` started as a shell starts a background job (SIGINT and SIGQUIT ignored), with
 /// SIGTERM blocked as well, still gives its command an empty mask and default actions.
 #[test]
