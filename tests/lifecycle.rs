@@ -441,7 +441,13 @@ fn compressed_endings(who: Who) {
         }
         let mut run = j.run("exit0");
         let status = wait(&mut run);
-        assert_eq!(status.code(), Some(0), "{}: {ext}: {:?}", j.who(), j.log_lines());
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{}: {ext}: {:?}",
+            j.who(),
+            j.log_lines()
+        );
         j.gone(Instant::now(), &format!("{ext}: command exit0"));
         j.reap();
     }

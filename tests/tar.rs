@@ -31,29 +31,6 @@ fn make_tar(cmd: &mut Command, tar: &Path) {
     assert!(tar.exists(), "{cmd:?} made no archive: {}", stderr_of(&out));
 }
 
-/// What `tar -x` makes of the archive, as root keeping owners, modes and xattrs.
-fn extract(tar: &Path, into: &Path) {
-    std::fs::create_dir_all(into).unwrap();
-    let out = Command::new("tar")
-        .args([
-            "-x",
-            "--xattrs",
-            "--xattrs-include=*",
-            "--same-owner",
-            "--numeric-owner",
-            "-p",
-            "-f",
-        ])
-        .arg(tar)
-        .arg("-C")
-        .arg(into)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        eprintln!("tar -x {tar:?}: {}", stderr_of(&out));
-    }
-}
-
 /// The conformance suite shared with SquashFS (tests/common/suite.rs).
 fn assert_same(expected: &Path, actual: &Path, opts: &CompareOpts, what: &str) {
     common::suite::check_mount(expected, actual, opts, what);

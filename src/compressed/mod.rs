@@ -262,6 +262,14 @@ impl Points {
             .map_err(|_| Error::corrupt("a saved gzip window is damaged"))
     }
 
+    /// A decoder at entry point `i` (the first is the archive's start).
+    fn decoder(&self, i: usize, codec: Codec, src: &Arc<Source>) -> Result<Box<dyn Decoder>> {
+        if i == 0 {
+            return codec.start(src);
+        }
+        codec.resume(src, &self.points[i], &self.window(i)?)
+    }
+
     /// The entry point at or before `pos`.
     fn before(&self, pos: u64) -> usize {
         self.points
@@ -320,7 +328,7 @@ impl Points {
     }
 
     /// Bytes in memory (and, give or take, on disk).
-    pub fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.points.len() * (std::mem::size_of::<Point>() + 16)
             + self.windows.iter().map(|w| w.len()).sum::<usize>()
     }
@@ -535,7 +543,7 @@ pub trait Bytes: Sync {
     fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()>;
     /// The length when it is at most `upto`, else some value above `upto`: a stream
     /// being decoded knows its length only at its end.
-    fn len_within(&self, upto: u64) -> u64;
+    fn len_within(&self, upto: u64) -> Result<u64>;
     /// A hint that `[at, at + len)` is read soon.
     fn will_need(&self, _at: u64, _len: u64) {}
     fn read_vec(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
@@ -549,8 +557,8 @@ impl Bytes for Source {
     fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
         Source::read_exact_at(self, pos, buf)
     }
-    fn len_within(&self, _upto: u64) -> u64 {
-        self.len()
+    fn len_within(&self, _upto: u64) -> Result<u64> {
+        Ok(self.len())
     }
     fn will_need(&self, at: u64, len: u64) {
         Source::will_need(self, at, len)
@@ -581,33 +589,29 @@ impl Bytes for Scan<'_> {
         Ok(())
     }
 
-    fn len_within(&self, upto: u64) -> u64 {
+    /// Damage found on the way is reported as what it is, not as an early end.
+    fn len_within(&self, upto: u64) -> Result<u64> {
         let mut s = self.state.lock();
         while s.end() < upto {
-            match s.more() {
-                Ok(true) => {}
-                // An error surfaces at the read that follows.
-                Ok(false) | Err(_) => return s.end(),
+            if !s.more()? {
+                return Ok(s.end());
             }
         }
-        u64::MAX >> 1
+        Ok(u64::MAX >> 1)
     }
 }
 
 impl Scan<'_> {
     fn read_behind(&self, pos: u64, out: &mut [u8]) -> Result<()> {
-        let (p, window) = {
+        let (mut at, mut dec) = {
             let s = self.state.lock();
             let i = s.points.before(pos);
-            (s.points.points[i], s.points.window(i)?)
-        };
-        let mut dec = if p == Point::default() {
-            self.codec.start(&self.src)?
-        } else {
-            self.codec.resume(&self.src, &p, &window)?
+            (
+                s.points.points[i].output,
+                s.points.decoder(i, self.codec, &self.src)?,
+            )
         };
         let mut skip = vec![0u8; STEP];
-        let mut at = p.output;
         while at < pos {
             let n = ((pos - at) as usize).min(STEP);
             let got = fill(dec.as_mut(), &mut skip[..n])?;
@@ -783,11 +787,7 @@ impl Decoded {
         let parked = self.parked.lock().pop(&i).filter(|(at, _)| *at <= key);
         let (mut at, mut dec) = match parked {
             Some(d) => d,
-            None if i == 0 => (p.output, self.codec.start(&self.source)?),
-            None => {
-                let window = self.points.window(i)?;
-                (p.output, self.codec.resume(&self.source, &p, &window)?)
-            }
+            None => (p.output, self.points.decoder(i, self.codec, &self.source)?),
         };
         let mut wanted = None;
         while at < horizon {

@@ -453,7 +453,7 @@ impl<'a> Builder<'a> {
         let mut reader = BlockReader::new(self.src);
         loop {
             // A stream being decoded learns its length only at its end.
-            let end = end.min(self.src.len_within(pos + BLOCK));
+            let end = end.min(self.src.len_within(pos + BLOCK)?);
             if pos + BLOCK > end {
                 if pos == end {
                     break; // no end-of-archive blocks: accepted, like GNU tar
@@ -1100,7 +1100,7 @@ impl<'a> BlockReader<'a> {
             self.far = pos > end + WINDOW;
             let window = if self.far { SMALL_WINDOW } else { WINDOW };
             let len = window
-                .min(self.src.len_within(pos + window).saturating_sub(pos))
+                .min(self.src.len_within(pos + window)?.saturating_sub(pos))
                 .max(BLOCK);
             if !self.far && pos + AHEAD / 2 > self.advised {
                 let from = self.advised.max(pos);

@@ -107,6 +107,31 @@ pub fn mksquashfs(src: &Path, img: &Path, args: &[&str]) {
     );
 }
 
+/// What `tar -x` makes of an archive (compressed ones too), as root keeping owners, modes
+/// and xattrs: the reference a mounted tar is compared with. A writer's oddities make
+/// GNU tar complain of some members; the comparison shows what that costs.
+pub fn extract(tar: &Path, into: &Path) {
+    std::fs::create_dir_all(into).unwrap();
+    let out = Command::new("tar")
+        .args([
+            "-x",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--same-owner",
+            "--numeric-owner",
+            "-p",
+            "-f",
+        ])
+        .arg(tar)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        eprintln!("tar -x {tar:?}: {}", stderr_of(&out));
+    }
+}
+
 /// A live `archfs mount` that is unmounted on drop.
 pub struct Mount {
     pub path: PathBuf,
