@@ -104,6 +104,12 @@ impl<V: Weighted> BlockCache<V> {
         slot.value.get().and_then(|v| v.clone())
     }
 
+    /// Makes the block at `key` the first to go: it has been read to its end, and what
+    /// was decoded ahead of the readers is worth more.
+    pub fn demote(&self, key: u64) {
+        self.shard(key).lock().map.demote(&key);
+    }
+
     /// Returns the block at `key`, running `load` if no reader has it or is loading it.
     pub fn get_or_load(&self, key: u64, load: impl FnOnce() -> Result<V>) -> Result<Arc<V>> {
         let shard = self.shard(key);

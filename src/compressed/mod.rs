@@ -763,6 +763,9 @@ impl Decoded {
             if from >= upto {
                 return Err(Error::corrupt("decoded block is shorter than expected"));
             }
+            if upto == block.len() {
+                self.blocks.demote(key);
+            }
             if out.is_none() && at == pos && upto as u64 + key == end {
                 return Ok(Data::Shared(block, from..upto)); // one block: no copy
             }
