@@ -12,6 +12,7 @@
 mod gzip;
 mod serial;
 mod stage;
+mod window;
 mod zstd;
 
 use std::sync::Arc;
@@ -189,8 +190,9 @@ impl Input {
     }
 }
 
-/// The entry points of one archive; gzip windows kept zstd-compressed (text windows
-/// shrink 3-4x; a window of JPEG bytes does not, and costs 32 KiB). With them, a CRC-32
+/// The entry points of one archive; gzip windows kept sparse ([`window`]) and
+/// zstd-compressed: a window of text shrinks 3-4x compressed, one of JPEG bytes only
+/// when the bytes the stream never copies from are zeroed. With them, a CRC-32
 /// of every decoded block, taken in the indexing pass: a read that decodes from the
 /// middle of a stream has no checksum of the format's to check (gzip's covers a whole
 /// member), and damage or a change of the archive since it was indexed must give EIO,
@@ -240,15 +242,17 @@ impl Sums {
     }
 }
 
+fn pack(window: &[u8]) -> Box<[u8]> {
+    if window.is_empty() {
+        return Box::default();
+    }
+    ::zstd::bulk::compress(window, 1)
+        .unwrap_or_default()
+        .into_boxed_slice()
+}
+
 impl Points {
-    fn push(&mut self, p: Point, window: &[u8]) {
-        let packed = if window.is_empty() {
-            Box::default()
-        } else {
-            ::zstd::bulk::compress(window, 1)
-                .unwrap_or_default()
-                .into_boxed_slice()
-        };
+    fn push(&mut self, p: Point, packed: Box<[u8]>) {
         self.points.push(p);
         self.windows.push(packed);
     }
@@ -329,8 +333,12 @@ impl Points {
 
     /// Bytes in memory (and, give or take, on disk).
     fn bytes(&self) -> usize {
-        self.points.len() * (std::mem::size_of::<Point>() + 16)
-            + self.windows.iter().map(|w| w.len()).sum::<usize>()
+        self.points.len() * (std::mem::size_of::<Point>() + 16) + self.window_bytes()
+    }
+
+    /// The saved gzip windows' bytes, as kept (sparse and compressed).
+    pub fn window_bytes(&self) -> usize {
+        self.windows.iter().map(|w| w.len()).sum()
     }
 
     /// The form saved in the index file.
@@ -424,15 +432,25 @@ pub struct Scan<'a> {
 
 struct ScanState<'a> {
     dec: Box<dyn Decoder>,
+    src: Arc<Source>,
     /// Decoded bytes `[start, start + buf.len())`.
     buf: Vec<u8>,
     start: u64,
     points: Points,
+    /// The last entry point's whole window, until a window's length of output past it
+    /// is decoded to check its sparse form against.
+    unthinned: Option<Vec<u8>>,
     sums: Sums,
     spacing: u64,
     limit: u64,
     progress: &'a mut (dyn FnMut(u64) + Send),
 }
+
+/// Archive bytes a sparse window's check may read past its entry point: a window's
+/// length of output takes at most ~33 KiB of deflate input (stored blocks).
+const WINDOW_INPUT: u64 = 128 << 10;
+/// Output past an entry point compared with the sparse decoder's.
+const CHECKED: usize = gzip::WINDOW + 258;
 
 /// Decoded bytes kept behind the scan; more is dropped as it moves on.
 const KEEP: usize = 1 << 20;
@@ -451,15 +469,17 @@ impl<'a> Scan<'a> {
             spacing,
             ..Points::default()
         };
-        points.push(Point::default(), &[]);
+        points.push(Point::default(), Box::default());
         Ok(Scan {
             codec,
             src: src.clone(),
             state: Mutex::new(ScanState {
                 dec: codec.start(src)?,
+                src: src.clone(),
                 buf: Vec::new(),
                 start: 0,
                 points,
+                unthinned: None,
                 sums: Sums::default(),
                 spacing,
                 limit,
@@ -473,6 +493,8 @@ impl<'a> Scan<'a> {
     pub fn finish(&self) -> Result<Points> {
         let mut s = self.state.lock();
         while s.more()? {}
+        let end = s.end();
+        s.thin(end, true);
         let mut points = std::mem::take(&mut s.points);
         points.len = s.end();
         // A frame that ends the archive leaves an entry point with nothing after it.
@@ -494,6 +516,40 @@ impl<'a> Scan<'a> {
 impl ScanState<'_> {
     fn end(&self) -> u64 {
         self.start + self.buf.len() as u64
+    }
+
+    /// Saves the last entry point's window: sparse when the stream decoded up to
+    /// `decoded` holds a window's length of output past it (or `now`: the stream ended
+    /// or another point follows) and the sparse decoder made exactly those bytes; else
+    /// whole.
+    fn thin(&mut self, decoded: u64, now: bool) {
+        let Some(p) = self.points.points.last().copied() else {
+            return;
+        };
+        if self.unthinned.is_none() || (!now && decoded < p.output + CHECKED as u64) {
+            return;
+        }
+        let window = self.unthinned.take().unwrap_or_default();
+        let thin = self.sparse(&p, &window, decoded);
+        let packed = pack(thin.as_deref().unwrap_or(&window));
+        *self.points.windows.last_mut().expect("a point") = packed;
+    }
+
+    fn sparse(&self, p: &Point, window: &[u8], decoded: u64) -> Option<Vec<u8>> {
+        let from = p.input.checked_sub(u64::from(p.bits > 0))?;
+        let len = WINDOW_INPUT.min(self.src.len().saturating_sub(from)) as usize;
+        let input = self.src.read_vec(from, len).ok()?;
+        let (prev, input) = match p.bits {
+            0 => (0, &input[..]),
+            _ => (*input.first()?, input.get(1..)?),
+        };
+        let (thin, made) = window::sparse(window, input, p.bits, prev)?;
+        let at = p.output.checked_sub(self.start)? as usize;
+        let upto = decoded.checked_sub(self.start)? as usize;
+        // Past a window's length the sparse decoder copies nothing from the window: the
+        // last copy may reach 258 bytes further; a stored block's bytes are literals.
+        let made = &made[..made.len().min(CHECKED)];
+        (self.buf.get(at..upto)?.get(..made.len())? == made).then_some(thin)
     }
 
     /// Decodes one step more; false at the end of the stream.
@@ -526,12 +582,15 @@ impl ScanState<'_> {
             if at >= last + self.spacing {
                 if let Some((p, w)) = self.dec.point() {
                     debug_assert_eq!(p.output, at);
-                    self.points.push(p, &w);
+                    self.thin(at, true);
+                    self.points.push(p, Box::default());
+                    self.unthinned = (!w.is_empty()).then_some(w);
                     self.sums.close();
                 }
             }
         }
         self.buf.truncate(have + done);
+        self.thin(self.end(), false);
         (self.progress)(self.dec.input_pos());
         Ok(true)
     }

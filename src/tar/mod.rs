@@ -215,10 +215,14 @@ impl Archive for TarArchive {
         let codec = match &self.body {
             Body::Plain(_) => String::new(),
             Body::Decoded(d) => format!(
-                " ({}, {} entry point{}{})",
+                " ({}, {} entry point{}{}{})",
                 d.codec().name(),
                 d.points().count(),
                 if d.points().count() == 1 { "" } else { "s" },
+                match d.points().window_bytes() {
+                    0 => String::new(),
+                    w => format!(", windows {} KiB", w.div_ceil(1024)),
+                },
                 if d.staged() {
                     ", served from a decoded copy"
                 } else {
