@@ -162,9 +162,10 @@ struct ServeArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Readdirplus::Always)]
     readdirplus: Readdirplus,
     /// Compressed tar archives: decoded bytes between the places a read can start
-    /// decoding (gzip keeps a 32 KiB window for each). Smaller spends index for faster
-    /// random reads. Applies when the index is built: delete a saved one to change it.
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    /// decoding (gzip keeps the part of a 32 KiB window the data refers to for each).
+    /// Smaller spends index for faster random reads. Applies when the index is built:
+    /// delete a saved one to change it.
+    #[arg(long, value_name = "SIZE", default_value = "128K", value_parser = parse_size)]
     entry_spacing: u64,
     /// Where the decoded copy of a compressed tar that cannot be read in place (xz,
     /// bzip2, zstd in one frame) goes when it does not fit in memory [default: $TMPDIR,

@@ -163,13 +163,28 @@ fn zstd_frames_are_entry_points_and_one_frame_is_staged() {
     );
     let info = check(&dir, &one, "zstd", true);
     assert!(info.contains("decoded copy"), "{info}");
-    let many = dir.join("many.tar.zst");
-    compress("pzstd -q -p 2 -c < \"$IN\" > \"$OUT\"", &tar, &many);
-    let info = check(&dir, &many, "pzstd", true);
-    assert!(
-        entry_points(&info) >= 2 && !info.contains("decoded copy"),
-        "{info}"
-    );
+    // pzstd's frames, and frames of every kind of header (with and without checksums
+    // and sizes, skippable frames between) cut from the tar and concatenated: decoded in
+    // parallel by the indexing pass.
+    for (name, frames, script) in [
+        ("pzstd", 2, "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+        (
+            "zstd-cat",
+            3,
+            "head -c 1000000 \"$IN\" | zstd -q --no-check -c > \"$OUT\"; \
+             printf '\\120\\052\\115\\030\\003\\0\\0\\0abc' >> \"$OUT\"; \
+             tail -c +1000001 \"$IN\" | head -c 1000000 | zstd -q -19 --no-content-size -c >> \"$OUT\"; \
+             tail -c +2000001 \"$IN\" | zstd -q -c >> \"$OUT\"",
+        ),
+    ] {
+        let many = dir.join(format!("{name}.tar.zst"));
+        compress(script, &tar, &many);
+        let info = check(&dir, &many, name, true);
+        assert!(
+            entry_points(&info) >= frames && !info.contains("decoded copy"),
+            "{info}"
+        );
+    }
 }
 
 #[test]
@@ -179,7 +194,15 @@ fn xz_and_bzip2_from_every_writer_match_tar_x() {
     let tar = pax_tar(&dir, &src);
     for (name, script) in [
         ("xz", "xz -c < \"$IN\" > \"$OUT\""),
-        ("xz-T2", "xz -T2 --block-size=1MiB -c < \"$IN\" > \"$OUT\""),
+        ("xz-T2", "xz -T2 --block-size=64KiB -c < \"$IN\" > \"$OUT\""),
+        // Concatenated streams with stream padding between: liblzma's threaded decoder
+        // reads one stream, archfs starts the next.
+        (
+            "xz-cat",
+            "head -c 100000 \"$IN\" | xz -T2 --block-size=16KiB -c > \"$OUT\"; \
+             printf '\\0\\0\\0\\0' >> \"$OUT\"; \
+             tail -c +100001 \"$IN\" | xz -c >> \"$OUT\"",
+        ),
         ("bzip2", "bzip2 -c < \"$IN\" > \"$OUT\""),
         ("lbzip2", "lbzip2 -n 2 -c < \"$IN\" > \"$OUT\""),
         ("pbzip2", "pbzip2 -p2 -c < \"$IN\" > \"$OUT\""),
@@ -255,9 +278,10 @@ fn random_reads_through_every_entry_point_match_the_source() {
         for pass in ["indexed", "saved index"] {
             let a = archive::open_with(&file, &cache, &options).unwrap();
             if name == "gz" {
-                // Only deflate block ends qualify, so they come somewhat further apart.
+                // Only deflate block ends qualify, so they come somewhat further apart;
+                // in the text, further still, so its windows stay within 1% of the archive.
                 let points = entry_points(&a.format());
-                assert!(points >= 30, "{}", a.format());
+                assert!(points >= 20, "{}", a.format());
                 let whole = points * 32;
                 assert!(
                     window_kib(&a.format()) * 3 < whole,

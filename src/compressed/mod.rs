@@ -9,6 +9,7 @@
 //! zstd archive of one frame) are decoded once, in the background, into a copy in memory
 //! or on node-local disk ([`stage`]), and served from there.
 
+mod ahead;
 mod gzip;
 mod serial;
 mod stage;
@@ -23,6 +24,8 @@ use crate::archive::{Buf, Data, Source};
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 pub use stage::Stage;
+/// The sparse-window decoder, for its fuzz target.
+pub use window::sparse as sparse_window;
 
 /// The compressed formats, known by their magic numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +68,17 @@ impl Codec {
             Codec::Zstd => Box::new(zstd::Frames::resume(src, &Point::default())?),
             Codec::Xz => Box::new(serial::Serial::xz(src)?),
             Codec::Bzip2 => Box::new(serial::Serial::bzip2(src)),
+        })
+    }
+
+    /// A decoder for one pass over the whole archive (the indexing pass, a decoded
+    /// copy): on several threads where the format has independent pieces.
+    fn stream(self, src: &Arc<Source>) -> Result<Box<dyn Decoder>> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        Ok(match self {
+            Codec::Zstd => zstd::stream(src, threads)?,
+            Codec::Xz => Box::new(serial::Serial::xz_threads(src, threads)?),
+            Codec::Gzip | Codec::Bzip2 => self.start(src)?,
         })
     }
 
@@ -240,15 +254,6 @@ impl Sums {
         }
         self.start = self.at;
     }
-}
-
-fn pack(window: &[u8]) -> Box<[u8]> {
-    if window.is_empty() {
-        return Box::default();
-    }
-    ::zstd::bulk::compress(window, 1)
-        .unwrap_or_default()
-        .into_boxed_slice()
 }
 
 impl Points {
@@ -440,17 +445,19 @@ struct ScanState<'a> {
     /// The last entry point's whole window, until a window's length of output past it
     /// is decoded to check its sparse form against.
     unthinned: Option<Vec<u8>>,
+    thinner: Option<window::Thinner>,
+    /// Archive offset the next entry point must be past, so that saved windows stay
+    /// within [`WINDOW_SHARE`] of the archive (text: each keeps a few KiB).
+    next_input: u64,
     sums: Sums,
     spacing: u64,
     limit: u64,
     progress: &'a mut (dyn FnMut(u64) + Send),
 }
 
-/// Archive bytes a sparse window's check may read past its entry point: a window's
-/// length of output takes at most ~33 KiB of deflate input (stored blocks).
-const WINDOW_INPUT: u64 = 128 << 10;
-/// Output past an entry point compared with the sparse decoder's.
-const CHECKED: usize = gzip::WINDOW + 258;
+/// Saved windows take at most 1/100 of the archive: entry points are spread further than
+/// the spacing asked for where the windows do not thin (text).
+const WINDOW_SHARE: u64 = 100;
 
 /// Decoded bytes kept behind the scan; more is dropped as it moves on.
 const KEEP: usize = 1 << 20;
@@ -474,12 +481,14 @@ impl<'a> Scan<'a> {
             codec,
             src: src.clone(),
             state: Mutex::new(ScanState {
-                dec: codec.start(src)?,
+                dec: codec.stream(src)?,
                 src: src.clone(),
                 buf: Vec::new(),
                 start: 0,
                 points,
                 unthinned: None,
+                thinner: None,
+                next_input: 0,
                 sums: Sums::default(),
                 spacing,
                 limit,
@@ -494,7 +503,12 @@ impl<'a> Scan<'a> {
         let mut s = self.state.lock();
         while s.more()? {}
         let end = s.end();
-        s.thin(end, true);
+        s.thin(end, true)?;
+        if let Some(t) = s.thinner.take() {
+            for (i, packed) in t.finish()? {
+                s.points.windows[i] = packed;
+            }
+        }
         let mut points = std::mem::take(&mut s.points);
         points.len = s.end();
         // A frame that ends the archive leaves an entry point with nothing after it.
@@ -518,38 +532,32 @@ impl ScanState<'_> {
         self.start + self.buf.len() as u64
     }
 
-    /// Saves the last entry point's window: sparse when the stream decoded up to
-    /// `decoded` holds a window's length of output past it (or `now`: the stream ended
-    /// or another point follows) and the sparse decoder made exactly those bytes; else
-    /// whole.
-    fn thin(&mut self, decoded: u64, now: bool) {
+    /// Hands the last entry point's window to be made sparse once the stream decoded up
+    /// to `decoded` holds a window's length of output past it to check against (or
+    /// `now`: the stream ended or another point follows).
+    fn thin(&mut self, decoded: u64, now: bool) -> Result<()> {
         let Some(p) = self.points.points.last().copied() else {
-            return;
+            return Ok(());
         };
-        if self.unthinned.is_none() || (!now && decoded < p.output + CHECKED as u64) {
-            return;
+        if self.unthinned.is_none() || (!now && decoded < p.output + window::CHECKED as u64) {
+            return Ok(());
         }
-        let window = self.unthinned.take().unwrap_or_default();
-        let thin = self.sparse(&p, &window, decoded);
-        let packed = pack(thin.as_deref().unwrap_or(&window));
-        *self.points.windows.last_mut().expect("a point") = packed;
-    }
-
-    fn sparse(&self, p: &Point, window: &[u8], decoded: u64) -> Option<Vec<u8>> {
-        let from = p.input.checked_sub(u64::from(p.bits > 0))?;
-        let len = WINDOW_INPUT.min(self.src.len().saturating_sub(from)) as usize;
-        let input = self.src.read_vec(from, len).ok()?;
-        let (prev, input) = match p.bits {
-            0 => (0, &input[..]),
-            _ => (*input.first()?, input.get(1..)?),
+        let whole = self.unthinned.take().unwrap_or_default();
+        let from = p.output.saturating_sub(self.start) as usize;
+        let upto = (decoded.saturating_sub(self.start) as usize).min(from + window::CHECKED);
+        let after = self.buf.get(from..upto).unwrap_or_default().to_vec();
+        let thinner = match &mut self.thinner {
+            Some(t) => t,
+            None => self.thinner.insert(window::Thinner::new(self.src.clone())?),
         };
-        let (thin, made) = window::sparse(window, input, p.bits, prev)?;
-        let at = p.output.checked_sub(self.start)? as usize;
-        let upto = decoded.checked_sub(self.start)? as usize;
-        // Past a window's length the sparse decoder copies nothing from the window: the
-        // last copy may reach 258 bytes further; a stored block's bytes are literals.
-        let made = &made[..made.len().min(CHECKED)];
-        (self.buf.get(at..upto)?.get(..made.len())? == made).then_some(thin)
+        thinner.send(self.points.points.len() - 1, p, whole, after);
+        // Windows that did not thin (text) spread the next entry points further.
+        for (i, packed) in thinner.ready() {
+            let at = self.points.points[i].input + packed.len() as u64 * WINDOW_SHARE;
+            self.next_input = self.next_input.max(at);
+            self.points.windows[i] = packed;
+        }
+        Ok(())
     }
 
     /// Decodes one step more; false at the end of the stream.
@@ -579,10 +587,10 @@ impl ScanState<'_> {
             done += n;
             let at = self.start + (have + done) as u64;
             let last = self.points.points.last().map_or(0, |p| p.output);
-            if at >= last + self.spacing {
+            if at >= last + self.spacing && self.dec.input_pos() >= self.next_input {
                 if let Some((p, w)) = self.dec.point() {
                     debug_assert_eq!(p.output, at);
-                    self.thin(at, true);
+                    self.thin(at, true)?;
                     self.points.push(p, Box::default());
                     self.unthinned = (!w.is_empty()).then_some(w);
                     self.sums.close();
@@ -590,7 +598,7 @@ impl ScanState<'_> {
             }
         }
         self.buf.truncate(have + done);
-        self.thin(self.end(), false);
+        self.thin(self.end(), false)?;
         (self.progress)(self.dec.input_pos());
         Ok(true)
     }

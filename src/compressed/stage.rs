@@ -79,7 +79,7 @@ impl Stage {
     /// Decodes front to back, a block at a time, each checked against its CRC from the
     /// indexing pass.
     fn copy(&self, source: &Arc<Source>, codec: Codec, points: &Points) -> Result<()> {
-        let mut dec = codec.start(source)?;
+        let mut dec = codec.stream(source)?;
         let mut block = vec![0u8; BLOCK as usize];
         let mut at = 0u64;
         for i in 0..points.count() {

@@ -9,7 +9,129 @@
 //! and its output is compared with what the indexing pass decoded, so a window is only
 //! thinned when this decoder read the stream exactly as zlib did.
 
+use std::sync::mpsc;
+use std::sync::Arc;
+
 use super::gzip::WINDOW;
+use super::Point;
+use crate::archive::Source;
+use crate::error::{Error, Result};
+
+/// Archive bytes the check of a sparse window may read past its entry point: a
+/// window's length of output takes at most ~33 KiB of deflate input (stored blocks).
+const INPUT: u64 = 128 << 10;
+/// Output past an entry point compared with the sparse decoder's: past a window's
+/// length it copies nothing from the window; the last copy may reach 258 bytes further
+/// (a stored block's bytes are literals).
+pub const CHECKED: usize = WINDOW + 258;
+
+/// A window as saved: zstd-compressed.
+pub fn pack(window: &[u8]) -> Box<[u8]> {
+    if window.is_empty() {
+        return Box::default();
+    }
+    ::zstd::bulk::compress(window, 1)
+        .unwrap_or_default()
+        .into_boxed_slice()
+}
+
+/// Thins and packs the indexing pass's windows on a thread of its own: the pass keeps
+/// one core busy inflating, and the sparse decoder's work (a window's length of output
+/// per entry point) then costs it nothing.
+pub struct Thinner {
+    jobs: Option<mpsc::SyncSender<Job>>,
+    done: mpsc::Receiver<(usize, Box<[u8]>)>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    /// Windows sent, and handed back.
+    sent: usize,
+    back: usize,
+    got: Vec<(usize, Box<[u8]>)>,
+}
+
+/// Entry point `i`'s whole window and the output that follows it (up to [`CHECKED`]).
+struct Job {
+    i: usize,
+    p: Point,
+    window: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl Thinner {
+    pub fn new(src: Arc<Source>) -> Result<Thinner> {
+        let (jobs, todo) = mpsc::sync_channel::<Job>(64);
+        let (tell, done) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("archfs-windows".into())
+            .spawn(move || {
+                for job in todo {
+                    let thin = checked(&src, &job);
+                    let packed = pack(thin.as_deref().unwrap_or(&job.window));
+                    if tell.send((job.i, packed)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Error::io("cannot start the window thread", e))?;
+        Ok(Thinner {
+            jobs: Some(jobs),
+            done,
+            worker: Some(worker),
+            sent: 0,
+            back: 0,
+            got: Vec::new(),
+        })
+    }
+
+    pub fn send(&mut self, i: usize, p: Point, window: Vec<u8>, after: Vec<u8>) {
+        let job = Job {
+            i,
+            p,
+            window,
+            after,
+        };
+        if let Some(jobs) = &self.jobs {
+            if jobs.send(job).is_ok() {
+                self.sent += 1;
+            }
+        }
+    }
+
+    /// The windows packed so far, not waiting for more.
+    pub fn ready(&mut self) -> impl Iterator<Item = (usize, Box<[u8]>)> + '_ {
+        self.got.extend(self.done.try_iter());
+        self.back += self.got.len();
+        self.got.drain(..)
+    }
+
+    /// Waits for every window sent.
+    pub fn finish(mut self) -> Result<Vec<(usize, Box<[u8]>)>> {
+        self.jobs = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        let all: Vec<_> = self.done.try_iter().collect();
+        if self.back + all.len() != self.sent {
+            return Err(Error::corrupt("the window thread stopped early"));
+        }
+        Ok(all)
+    }
+}
+
+/// The job's window made sparse, if the sparse decoder made the output the indexing
+/// pass did.
+fn checked(src: &Source, job: &Job) -> Option<Vec<u8>> {
+    let p = &job.p;
+    let from = p.input.checked_sub(u64::from(p.bits > 0))?;
+    let len = INPUT.min(src.len().saturating_sub(from)) as usize;
+    let input = src.read_vec(from, len).ok()?;
+    let (prev, input) = match p.bits {
+        0 => (0, &input[..]),
+        _ => (*input.first()?, input.get(1..)?),
+    };
+    let (thin, made) = sparse(&job.window, input, p.bits, prev)?;
+    let made = &made[..made.len().min(CHECKED)];
+    (job.after.get(..made.len())? == made).then_some(thin)
+}
 
 /// Follows the deflate stream in `input` (starting `bits` bits before its first byte, in
 /// the top of `prev`) from a block boundary until it has made a window's length of
