@@ -67,14 +67,24 @@ struct Shard<V> {
 }
 
 /// A byte-bounded cache of decoded blocks keyed by their position in the archive.
-#[derive(Debug)]
 pub struct BlockCache<V> {
     shards: Box<[Mutex<Shard<V>>]>,
     shard_budget: usize,
     name: &'static str,
+    /// Takes back what is evicted when no reader holds it any more.
+    recycle: Option<Box<dyn Fn(V) + Send + Sync>>,
 }
 
 const SHARDS: usize = 16;
+
+impl<V> std::fmt::Debug for BlockCache<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("name", &self.name)
+            .field("budget", &(self.shard_budget * SHARDS))
+            .finish()
+    }
+}
 
 impl<V: Weighted> BlockCache<V> {
     pub fn new(name: &'static str, budget: usize) -> Self {
@@ -90,7 +100,14 @@ impl<V: Weighted> BlockCache<V> {
             shards,
             shard_budget: (budget / SHARDS).max(1),
             name,
+            recycle: None,
         }
+    }
+
+    /// Hands evicted blocks no reader holds to `recycle` instead of freeing them.
+    pub fn recycling(mut self, recycle: impl Fn(V) + Send + Sync + 'static) -> Self {
+        self.recycle = Some(Box::new(recycle));
+        self
     }
 
     fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
@@ -180,6 +197,12 @@ impl<V: Weighted> BlockCache<V> {
                 continue;
             }
             s.bytes -= old.charged.load(Ordering::Relaxed);
+            if let Some(recycle) = &self.recycle {
+                let value = Arc::try_unwrap(old).ok().and_then(|s| s.value.into_inner());
+                if let Some(v) = value.flatten().and_then(|v| Arc::try_unwrap(v).ok()) {
+                    recycle(v);
+                }
+            }
         }
     }
 

@@ -67,22 +67,7 @@ impl Inflate {
     pub fn resume(src: &Arc<Source>, p: &Point, window: &[u8]) -> Result<Inflate> {
         let mut strm = Box::<z::z_stream>::default();
         init(&mut strm, RAW)?;
-        if p.bits > 0 {
-            let mut byte = [0u8];
-            src.read_exact_at(p.input - 1, &mut byte)?;
-            let value = i32::from(byte[0]) >> (8 - p.bits);
-            // SAFETY: an initialised stream; bits is below 8.
-            unsafe { z::inflatePrime(&mut *strm, i32::from(p.bits), value) };
-        }
-        if !window.is_empty() {
-            // SAFETY: window is a valid slice of at most 32 KiB.
-            let rc = unsafe {
-                z::inflateSetDictionary(&mut *strm, window.as_ptr(), window.len() as u32)
-            };
-            if rc != z::Z_OK {
-                return Err(Error::corrupt("saved gzip window was refused"));
-            }
-        }
+        enter(&mut strm, src, p, window)?;
         Ok(Inflate {
             strm,
             input: Input::new(src.clone(), p.input),
@@ -111,7 +96,44 @@ impl Inflate {
     }
 }
 
+/// Sets a raw stream's bit position and window to an entry point's.
+fn enter(strm: &mut z::z_stream, src: &Source, p: &Point, window: &[u8]) -> Result<()> {
+    if p.bits > 0 {
+        let mut byte = [0u8];
+        src.read_exact_at(p.input - 1, &mut byte)?;
+        let value = i32::from(byte[0]) >> (8 - p.bits);
+        // SAFETY: an initialised stream; bits is below 8.
+        unsafe { z::inflatePrime(strm, i32::from(p.bits), value) };
+    }
+    if !window.is_empty() {
+        // SAFETY: window is a valid slice of at most 32 KiB.
+        let rc = unsafe { z::inflateSetDictionary(strm, window.as_ptr(), window.len() as u32) };
+        if rc != z::Z_OK {
+            return Err(Error::corrupt("saved gzip window was refused"));
+        }
+    }
+    Ok(())
+}
+
 impl Decoder for Inflate {
+    /// zlib's state (~48 KiB) and the input buffer are kept: made anew for every read,
+    /// they fragmented the heap around the cache's blocks.
+    fn restart(&mut self, p: &Point, window: &[u8]) -> Result<bool> {
+        let start = *p == Point::default();
+        // SAFETY: an initialised stream.
+        if unsafe { z::inflateReset2(&mut *self.strm, if start { GZIP } else { RAW }) } != z::Z_OK {
+            return Err(Error::corrupt("cannot restart inflating"));
+        }
+        if !start {
+            enter(&mut self.strm, self.input.source(), p, window)?;
+        }
+        self.input.reset(p.input);
+        self.raw = !start;
+        self.out = p.output;
+        self.ended = false;
+        Ok(true)
+    }
+
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < out.len() && !self.ended {

@@ -41,7 +41,7 @@ pub struct TarArchive {
 /// Where the tar stream is.
 pub enum Body {
     Plain(Arc<Source>),
-    Decoded(Decoded),
+    Decoded(Box<Decoded>),
 }
 
 impl Body {
@@ -137,7 +137,10 @@ impl TarArchive {
             how.cache_bytes,
             how.stage_dir.as_deref(),
         )?;
-        Ok(TarArchive::from_index(Body::Decoded(decoded), index))
+        Ok(TarArchive::from_index(
+            Body::Decoded(Box::new(decoded)),
+            index,
+        ))
     }
 
     pub fn from_index(body: Body, index: Index) -> TarArchive {
@@ -354,13 +357,13 @@ pub fn open(
         Ok((index, points)) => {
             tracing::info!("using the saved index {}", path.display());
             let body = match (compressed, points) {
-                (Some(c), Some(points)) => Body::Decoded(Decoded::new(
+                (Some(c), Some(points)) => Body::Decoded(Box::new(Decoded::new(
                     source,
                     c.codec,
                     points,
                     c.cache_bytes,
                     c.stage_dir.as_deref(),
-                )?),
+                )?)),
                 _ => Body::Plain(source),
             };
             return Ok(Arc::new(TarArchive::from_index(body, index)));
