@@ -435,14 +435,25 @@ fn open_and_mount(
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());
     // `always` decides what fits (and warns) before the mount goes live, while the
     // terminal still shows warnings.
+    // A compressed archive is decoded ahead as well: in memory when it fits, or with
+    // `always` into --stage-dir.
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
-        Preload::Auto => (Some(Arc::new(Trigger::new(archive.extents()))), None),
+        Preload::Auto => {
+            let a = Arc::downgrade(&archive);
+            let trigger = Trigger::new(archive.extents()).then(move || {
+                if let Some(a) = a.upgrade() {
+                    a.decode_ahead(true);
+                }
+            });
+            (Some(Arc::new(trigger)), None)
+        }
         Preload::Always => {
             let plan = preload::Plan::new(archive.extents(), preload::available_memory());
             if let Some(why) = &plan.skipped {
                 tracing::warn!("{why}");
             }
+            archive.decode_ahead(false);
             (None, Some(plan))
         }
     };

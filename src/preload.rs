@@ -39,6 +39,16 @@ pub const AUTO_AFTER_FILES: u64 = 128;
 pub struct Trigger {
     starts: AtomicU64,
     extents: Mutex<Option<Vec<Extent>>>,
+    then: Mutex<Option<Then>>,
+}
+
+/// What else starts with the preload (decoding a compressed archive ahead).
+pub struct Then(pub Box<dyn FnOnce() + Send + Sync>);
+
+impl std::fmt::Debug for Then {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Then")
+    }
 }
 
 impl Trigger {
@@ -46,7 +56,14 @@ impl Trigger {
         Trigger {
             starts: AtomicU64::new(0),
             extents: Mutex::new(Some(extents)),
+            then: Mutex::new(None),
         }
+    }
+
+    /// Runs `then` as well when the preload starts.
+    pub fn then(self, then: impl FnOnce() + Send + Sync + 'static) -> Trigger {
+        *self.then.lock() = Some(Then(Box::new(then)));
+        self
     }
 
     /// Counts a read of `offset`; one atomic load once the preload has started.
@@ -69,6 +86,9 @@ impl Trigger {
             ),
         }
         plan.start();
+        if let Some(Then(then)) = self.then.lock().take() {
+            then();
+        }
     }
 
     #[cfg(test)]

@@ -483,3 +483,57 @@ fn shards_mount_as_a_union_and_a_damaged_index_is_rebuilt() {
             == std::fs::read(all.join("part0/3.txt")).unwrap()
     );
 }
+
+/// `--preload` decodes a gzip or zstd archive ahead, on every core from its entry points,
+/// into a copy: reads before a stretch is copied decode it in place, reads after come
+/// from the copy; both equal `tar -x`.
+#[test]
+fn preload_decodes_ahead_into_a_copy_that_reads_match() {
+    let dir = TempDir::new("preload-decoded");
+    let src = fixture(&dir);
+    let tar = pax_tar(&dir, &src);
+    let ex = dir.join("x");
+    extract(&tar, &ex);
+    let opts = CompareOpts {
+        xattrs: true,
+        root_attrs: true,
+        ..CompareOpts::default()
+    };
+    for (name, script, preload) in [
+        ("gz", "gzip -c < \"$IN\" > \"$OUT\"", "--preload=always"),
+        // `auto` starts once 128 files have been read: during the first comparison.
+        (
+            "pzstd",
+            "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\"",
+            "--preload=auto",
+        ),
+    ] {
+        let file = dir.join(format!("p.tar.{name}"));
+        compress(script, &tar, &file);
+        let log = dir.join(format!("{name}.log"));
+        let mnt = dir.join(format!("m-{name}"));
+        let m = Mount::new(
+            &file,
+            &mnt,
+            &[
+                preload,
+                "--cache-size",
+                "8M",
+                "--entry-spacing",
+                "64K",
+                "--debug",
+                "--log",
+                log.to_str().unwrap(),
+            ],
+        );
+        common::suite::check_mount(&ex, &m.path, &opts, &format!("{name}, while copying"));
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            wait_for(120, || read_log().contains("decoded copy of")),
+            "{name}: the decoded copy did not finish: {}",
+            read_log()
+        );
+        assert!(read_log().contains("--preload: decoding"), "{}", read_log());
+        common::suite::check_mount(&ex, &m.path, &opts, &format!("{name}, copied"));
+    }
+}

@@ -112,6 +112,9 @@ pub trait Archive: Send + Sync {
     fn stats(&self) -> Stats;
     /// The byte ranges of the archive files that serving reads touches, metadata first.
     fn extents(&self) -> Vec<Extent>;
+    /// `--preload` of a compressed archive: decode all of it in the background into a
+    /// copy reads are then served from (in memory only, if `memory_only`).
+    fn decode_ahead(&self, _memory_only: bool) {}
 }
 
 /// Opens an archive, choosing the format by its content rather than its name.

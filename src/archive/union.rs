@@ -256,4 +256,10 @@ impl Archive for Union {
     fn extents(&self) -> Vec<Extent> {
         self.members.iter().flat_map(|m| m.extents()).collect()
     }
+
+    fn decode_ahead(&self, memory_only: bool) {
+        for m in &self.members {
+            m.decode_ahead(memory_only);
+        }
+    }
 }

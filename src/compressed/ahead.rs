@@ -14,7 +14,50 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Decoder, Point};
+use crate::archive::Source;
 use crate::error::{Error, Result};
+
+/// Archive bytes read in large windows, for finding pieces from headers spread through
+/// the archive: a small `pread` of a cold file waits for the disk each time (a pzstd
+/// archive's 8,500 block headers took longer than decoding it).
+pub struct Window {
+    src: Arc<Source>,
+    buf: Vec<u8>,
+    base: u64,
+}
+
+/// Bytes read at a time.
+const WINDOW: usize = 4 << 20;
+
+impl Window {
+    pub fn new(src: &Arc<Source>) -> Window {
+        Window {
+            src: src.clone(),
+            buf: Vec::new(),
+            base: 0,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.src.len()
+    }
+
+    /// The `len` bytes at `at`; `None` if the archive ends first.
+    pub fn get(&mut self, at: u64, len: usize) -> Result<Option<&[u8]>> {
+        let end = at + len as u64;
+        if end > self.src.len() {
+            return Ok(None);
+        }
+        if at < self.base || end > self.base + self.buf.len() as u64 {
+            let n = WINDOW.max(len).min((self.src.len() - at) as usize);
+            self.buf.resize(n, 0);
+            self.src.read_exact_at(at, &mut self.buf)?;
+            self.base = at;
+        }
+        let from = (at - self.base) as usize;
+        Ok(Some(&self.buf[from..from + len]))
+    }
+}
 
 /// A piece of the archive that decodes on its own: `[input, end)` of the archive.
 #[derive(Clone, Copy, Debug)]

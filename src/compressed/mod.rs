@@ -10,6 +10,7 @@
 //! or on node-local disk ([`stage`]), and served from there.
 
 mod ahead;
+mod bzip2_blocks;
 mod gzip;
 mod serial;
 mod stage;
@@ -58,6 +59,12 @@ impl Codec {
         }
     }
 
+    /// Whether a read can start decoding at an entry point inside the archive (bzip2's
+    /// blocks can be found, but a read would decode ~900 kB for each).
+    fn enterable(self) -> bool {
+        matches!(self, Codec::Gzip | Codec::Zstd)
+    }
+
     fn id(self) -> u8 {
         self as u8
     }
@@ -79,6 +86,12 @@ impl Codec {
         Ok(match self {
             Codec::Zstd => zstd::stream(src, threads)?,
             Codec::Xz => Box::new(serial::Serial::xz_threads(src, threads)?),
+            Codec::Bzip2 if threads > 1 => Box::new(ahead::Ahead::new(
+                Box::new(bzip2_blocks::Blocks::new(src)),
+                bzip2_blocks::decode_blocks(src),
+                threads,
+                ahead::BUDGET,
+            )?),
             Codec::Gzip | Codec::Bzip2 => self.start(src)?,
         })
     }
@@ -454,6 +467,7 @@ pub struct Scan<'a> {
 
 struct ScanState<'a> {
     dec: Box<dyn Decoder>,
+    enterable: bool,
     src: Arc<Source>,
     /// Decoded bytes `[start, start + buf.len())`.
     buf: Vec<u8>,
@@ -499,6 +513,7 @@ impl<'a> Scan<'a> {
             src: src.clone(),
             state: Mutex::new(ScanState {
                 dec: codec.stream(src)?,
+                enterable: codec.enterable(),
                 src: src.clone(),
                 buf: Vec::new(),
                 start: 0,
@@ -604,7 +619,10 @@ impl ScanState<'_> {
             done += n;
             let at = self.start + (have + done) as u64;
             let last = self.points.points.last().map_or(0, |p| p.output);
-            if at >= last + self.spacing && self.dec.input_pos() >= self.next_input {
+            if self.enterable
+                && at >= last + self.spacing
+                && self.dec.input_pos() >= self.next_input
+            {
                 if let Some((p, w)) = self.dec.point() {
                     debug_assert_eq!(p.output, at);
                     self.thin(at, true)?;
@@ -724,7 +742,11 @@ pub struct Decoded {
     /// into the same stretch goes on from there instead of from the entry point, so a
     /// stretch read in any order is decoded about once while its blocks stay cached.
     parked: Mutex<lru::LruCache<usize, Parked>>,
-    stage: Option<Arc<Stage>>,
+    /// A decoded copy: made from the start for a format without entry points inside,
+    /// or by `--preload` ([`Decoded::decode_ahead`]).
+    stage: std::sync::OnceLock<Arc<Stage>>,
+    stage_dir: Option<std::path::PathBuf>,
+    staged: bool,
     /// Bytes decoded for reads, and asked for by them: how much a read decodes in vain
     /// (logged at unmount, to tune `--entry-spacing` and `--cache-size` by).
     decoded: std::sync::atomic::AtomicU64,
@@ -760,7 +782,7 @@ const SPARE_BLOCKS: usize = 256;
 impl Drop for Decoded {
     fn drop(&mut self) {
         let (asked, decoded) = (self.asked.load(Relaxed), self.decoded.load(Relaxed));
-        if asked > 0 && self.stage.is_none() {
+        if asked > 0 && self.stage.get().is_none() {
             tracing::info!(
                 "{}: reads asked for {} MiB and decoded {} MiB ({:.2}x); {} MiB cached, {} \
                  decoders parked",
@@ -805,7 +827,7 @@ impl Decoded {
         let points = Arc::new(points);
         let spare = Arc::new(Mutex::new(Vec::new()));
         let spread = points.spacing.saturating_mul(4);
-        let stage = if points.widest() > MAX_STRETCH.max(spread)
+        let stage_now = if points.widest() > MAX_STRETCH.max(spread)
             || (points.count() == 1 && points.len() > spread)
         {
             tracing::info!(
@@ -826,6 +848,10 @@ impl Decoded {
         } else {
             None
         };
+        let (staged, stage) = (stage_now.is_some(), std::sync::OnceLock::new());
+        if let Some(s) = stage_now {
+            let _ = stage.set(s);
+        }
         Ok(Decoded {
             source,
             codec,
@@ -849,6 +875,8 @@ impl Decoded {
                     .unwrap(),
             )),
             stage,
+            staged,
+            stage_dir: stage_dir.map(std::path::Path::to_path_buf),
             decoded: Default::default(),
             asked: Default::default(),
             spare,
@@ -876,9 +904,43 @@ impl Decoded {
         self.points.len == 0
     }
 
-    /// Whether reads come from a decoded copy.
+    /// Whether reads come from a decoded copy made from the start.
     pub fn staged(&self) -> bool {
-        self.stage.is_some()
+        self.staged
+    }
+
+    /// Starts decoding the whole archive in the background, on every core from the
+    /// entry points, into a copy later reads are served from; until a stretch is copied
+    /// its reads decode it in place.
+    pub fn decode_ahead(&self, memory_only: bool) {
+        if self.stage.get().is_some() {
+            return;
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        match Stage::start_parallel(
+            self.source.clone(),
+            self.codec,
+            self.points.clone(),
+            self.stage_dir.as_deref(),
+            threads,
+            memory_only,
+        ) {
+            Ok(Some(s)) => {
+                tracing::info!(
+                    "--preload: decoding {} ({} MiB) on {threads} threads into a copy",
+                    self.source.path().display(),
+                    self.points.len() >> 20
+                );
+                let _ = self.stage.set(s);
+            }
+            Ok(None) => tracing::info!(
+                "--preload: {} decodes to {} MiB, more than fits in memory; reads decode \
+                 it in place (--preload=always copies it to --stage-dir)",
+                self.source.path().display(),
+                self.points.len() >> 20
+            ),
+            Err(e) => tracing::warn!("--preload: {e}; reads decode in place"),
+        }
     }
 
     /// `len` bytes at `pos`. A miss decodes on to `horizon` (the end of the member being
@@ -893,10 +955,11 @@ impl Decoded {
             )));
         }
         self.asked.fetch_add(len as u64, Relaxed);
-        if let Some(stage) = &self.stage {
+        if let Some(stage) = self.stage.get() {
             let mut out = Buf::take(len);
-            stage.read_exact_at(pos, &mut out)?;
-            return Ok(Data::Owned(out));
+            if stage.try_read(pos, &mut out)? {
+                return Ok(Data::Owned(out));
+            }
         }
         let mut out: Option<Buf> = None;
         let mut at = pos;

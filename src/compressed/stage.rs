@@ -1,18 +1,23 @@
-//! A decoded copy of a compressed archive, for formats a read cannot enter in the middle.
-//! A background thread decodes the archive once, front to back, into memory (a memfd)
-//! when it fits in 3/4 of the free memory, else into an unlinked file on node-local disk
-//! (`--stage-dir`, else `$TMPDIR`, else /tmp). Reads wait only until the copy passes
-//! their end, so the first files are served long before the copy is complete.
+//! A decoded copy of a compressed archive, in memory (a memfd) when it fits in 3/4 of the
+//! free memory, else in an unlinked file on node-local disk (`--stage-dir`, else
+//! `$TMPDIR`, else /tmp).
+//!
+//! For formats a read cannot enter in the middle, a background pass decodes the archive
+//! once, front to back, and reads wait only until the copy passes their end, so the first
+//! files are served long before it is complete. With entry points (`--preload` of a gzip
+//! or zstd archive), every core decodes stretches between them in parallel, and a read
+//! of a stretch not yet copied is decoded in place meanwhile ([`Stage::try_read`]).
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{fill, Codec, Points, BLOCK};
+use super::{fill, Codec, Decoder, Points, BLOCK};
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
@@ -20,6 +25,12 @@ pub struct Stage {
     file: File,
     progress: Mutex<Progress>,
     moved: Condvar,
+    /// Parallel copies: which stretches between entry points are copied.
+    copied: Option<(Arc<Points>, Box<[AtomicBool]>)>,
+    /// Threads still copying, the copy's length and start.
+    running: AtomicUsize,
+    len: u64,
+    started: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -30,55 +41,91 @@ struct Progress {
 }
 
 impl Stage {
-    /// Starts copying; returns at once.
+    /// Starts copying front to back; returns at once.
     pub fn start(
         source: Arc<Source>,
         codec: Codec,
         points: Arc<Points>,
         dir: Option<&Path>,
     ) -> Result<Arc<Stage>> {
-        let len = points.len();
-        let fits =
-            crate::preload::available_memory().is_none_or(|free| (len as f64) < free as f64 * 0.75);
-        let file = match (fits, dir) {
+        let stage = Arc::new(Stage::new(points.len(), dir, None)?);
+        let s = stage.clone();
+        spawn(&stage, "archfs-stage", source.clone(), move || {
+            s.copy(&source, codec, &points)
+        })?;
+        Ok(stage)
+    }
+
+    /// Starts copying the stretches between entry points on `threads` threads; returns
+    /// at once. `None` when the copy would not fit in memory and `memory_only`.
+    pub fn start_parallel(
+        source: Arc<Source>,
+        codec: Codec,
+        points: Arc<Points>,
+        dir: Option<&Path>,
+        threads: usize,
+        memory_only: bool,
+    ) -> Result<Option<Arc<Stage>>> {
+        if memory_only && !fits(points.len()) {
+            return Ok(None);
+        }
+        let copied = (0..points.count())
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        let stage = Arc::new(Stage::new(
+            points.len(),
+            dir,
+            Some((points.clone(), copied)),
+        )?);
+        let next = Arc::new(AtomicUsize::new(0));
+        for t in 0..threads.max(1) {
+            let (s, src, next) = (stage.clone(), source.clone(), next.clone());
+            let name = format!("archfs-stage-{t}");
+            spawn(&stage, &name, source.clone(), move || {
+                s.copy_stretches(&src, codec, &next)
+            })?;
+        }
+        Ok(Some(stage))
+    }
+
+    fn new(
+        len: u64,
+        dir: Option<&Path>,
+        copied: Option<(Arc<Points>, Box<[AtomicBool]>)>,
+    ) -> Result<Stage> {
+        let file = match (fits(len), dir) {
             (true, None) => memfd().or_else(|_| temp_file(&default_dir()))?,
             (_, Some(d)) => temp_file(d)?,
             (false, None) => temp_file(&default_dir())?,
         };
-        let stage = Arc::new(Stage {
+        Ok(Stage {
             file,
             progress: Mutex::new(Progress::default()),
             moved: Condvar::new(),
-        });
-        let s = stage.clone();
-        std::thread::Builder::new()
-            .name("archfs-stage".into())
-            .spawn(move || {
-                let started = std::time::Instant::now();
-                let result = s.copy(&source, codec, &points);
-                let mut p = s.progress.lock();
-                match result {
-                    Ok(()) => tracing::info!(
-                        "decoded copy of {} complete: {} MiB in {:.1} s",
-                        source.path().display(),
-                        len >> 20,
-                        started.elapsed().as_secs_f64()
-                    ),
-                    Err(e) => {
-                        tracing::error!("decoding {}: {e}", source.path().display());
-                        p.failed = Some(e.to_string());
-                    }
-                }
-                drop(p);
-                s.moved.notify_all();
-            })
-            .map_err(|e| Error::io("cannot start the decoding thread", e))?;
-        Ok(stage)
+            copied,
+            running: AtomicUsize::new(0),
+            len,
+            started: std::time::Instant::now(),
+        })
     }
 
     /// Decodes front to back, a block at a time, each checked against its CRC from the
-    /// indexing pass.
+    /// indexing pass; a failure is kept for the readers that wait.
     fn copy(&self, source: &Arc<Source>, codec: Codec, points: &Points) -> Result<()> {
+        let result = self.copy_front_to_back(source, codec, points);
+        if let Err(e) = &result {
+            self.progress.lock().failed = Some(e.to_string());
+        }
+        self.moved.notify_all();
+        result
+    }
+
+    fn copy_front_to_back(
+        &self,
+        source: &Arc<Source>,
+        codec: Codec,
+        points: &Points,
+    ) -> Result<()> {
         let mut dec = codec.stream(source)?;
         let mut block = vec![0u8; BLOCK as usize];
         let mut at = 0u64;
@@ -93,15 +140,78 @@ impl Stage {
                     )));
                 }
                 points.verify(i, at, b)?;
-                self.file.write_all_at(b, at).map_err(|e| {
-                    Error::io("cannot write the decoded copy (is the disk full?)", e)
-                })?;
+                self.write(b, at)?;
                 at += b.len() as u64;
                 self.progress.lock().upto = at;
                 self.moved.notify_all();
             }
         }
         Ok(())
+    }
+
+    /// Copies the stretches between entry points taken from `next` in turn. A stretch
+    /// that fails is left to the readers, who decode it in place (and see its damage).
+    fn copy_stretches(&self, source: &Arc<Source>, codec: Codec, next: &AtomicUsize) -> Result<()> {
+        let Some((points, copied)) = &self.copied else {
+            return Ok(());
+        };
+        let mut block = vec![0u8; BLOCK as usize];
+        let mut dec: Option<Box<dyn Decoder>> = None;
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= points.count() {
+                return Ok(());
+            }
+            let p = points.points[i];
+            let window = points.window(i)?;
+            let reused = match &mut dec {
+                Some(d) => d.restart(&p, &window)?,
+                None => false,
+            };
+            if !reused {
+                dec = Some(points.decoder(i, codec, source)?);
+            }
+            let d = dec.as_mut().expect("a decoder");
+            let (mut at, end) = (p.output, points.end_of(i));
+            let mut ok = true;
+            while at < end && ok {
+                let b = &mut block[..BLOCK.min(end - at) as usize];
+                ok = fill(d.as_mut(), b).is_ok_and(|n| n == b.len())
+                    && points.verify(i, at, b).is_ok();
+                if ok {
+                    self.write(b, at)?;
+                }
+                at += b.len() as u64;
+            }
+            if ok {
+                copied[i].store(true, Ordering::Release);
+            } else {
+                dec = None;
+            }
+        }
+    }
+
+    fn write(&self, b: &[u8], at: u64) -> Result<()> {
+        self.file
+            .write_all_at(b, at)
+            .map_err(|e| Error::io("cannot write the decoded copy (is the disk full?)", e))
+    }
+
+    /// Fills `out` from `pos` if a parallel copy has copied all of it; false if not.
+    pub fn try_read(&self, pos: u64, out: &mut [u8]) -> Result<bool> {
+        let Some((points, copied)) = &self.copied else {
+            self.read_exact_at(pos, out)?;
+            return Ok(true);
+        };
+        let end = pos + out.len() as u64;
+        let (first, last) = (points.before(pos), points.before(end.max(1) - 1));
+        if !(first..=last).all(|i| copied[i].load(Ordering::Acquire)) {
+            return Ok(false);
+        }
+        self.file
+            .read_exact_at(out, pos)
+            .map_err(|e| Error::io("read of the decoded copy", e))?;
+        Ok(true)
     }
 
     /// Fills `out` from `pos` once the copy has got that far.
@@ -119,6 +229,42 @@ impl Stage {
             .read_exact_at(out, pos)
             .map_err(|e| Error::io("read of the decoded copy", e))
     }
+}
+
+/// Runs `copy` on a thread of its own; the last of a copy's threads to end says so.
+fn spawn(
+    stage: &Arc<Stage>,
+    name: &str,
+    source: Arc<Source>,
+    copy: impl FnOnce() -> Result<()> + Send + 'static,
+) -> Result<()> {
+    stage.running.fetch_add(1, Ordering::Relaxed);
+    let this = stage.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Err(e) = copy() {
+                tracing::error!("decoding {}: {e}", source.path().display());
+            }
+            if this.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                tracing::info!(
+                    "decoded copy of {} complete: {} MiB in {:.1} s",
+                    source.path().display(),
+                    this.len >> 20,
+                    this.started.elapsed().as_secs_f64()
+                );
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| {
+            stage.running.fetch_sub(1, Ordering::Relaxed);
+            Error::io("cannot start the decoding thread", e)
+        })
+}
+
+/// Whether `len` bytes fit in 3/4 of the free memory (or the free memory is unknown).
+fn fits(len: u64) -> bool {
+    crate::preload::available_memory().is_none_or(|free| (len as f64) < free as f64 * 0.75)
 }
 
 fn default_dir() -> PathBuf {

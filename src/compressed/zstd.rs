@@ -4,7 +4,7 @@
 
 use zstd::zstd_safe::{get_error_name, DCtx, InBuffer, OutBuffer};
 
-use super::ahead::{Ahead, DecodeFn, Piece, Split};
+use super::ahead::{Ahead, DecodeFn, Piece, Split, Window};
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
@@ -99,7 +99,7 @@ impl Decoder for Frames {
 /// several, else one decoder.
 pub fn stream(src: &Arc<Source>, threads: usize) -> Result<Box<dyn Decoder>> {
     let mut split = FrameSplit {
-        src: src.clone(),
+        window: Window::new(src),
         at: 0,
     };
     let several = threads > 1
@@ -128,26 +128,24 @@ const CHUNK: usize = 1 << 20;
 
 /// Finds frames from their headers and block headers, without decoding.
 struct FrameSplit {
-    src: Arc<Source>,
+    window: Window,
     at: u64,
 }
 
 impl FrameSplit {
-    fn read<const N: usize>(&self, at: u64) -> Result<[u8; N]> {
-        let mut b = [0u8; N];
-        if at + N as u64 > self.src.len() {
-            return Err(Error::corrupt(format!(
+    fn read<const N: usize>(&mut self, at: u64) -> Result<[u8; N]> {
+        match self.window.get(at, N)? {
+            Some(b) => Ok(b.try_into().expect("N bytes")),
+            None => Err(Error::corrupt(format!(
                 "zstd stream is truncated at offset {at}"
-            )));
+            ))),
         }
-        self.src.read_exact_at(at, &mut b)?;
-        Ok(b)
     }
 
     /// The next frame (skipping skippable frames), if it ends within `limit` bytes.
     fn frame(&mut self, limit: u64) -> Result<Option<Piece>> {
         loop {
-            if self.at >= self.src.len() {
+            if self.at >= self.window.len() {
                 return Ok(None);
             }
             let start = self.at;
@@ -193,10 +191,10 @@ impl FrameSplit {
                 }
             }
             at += u64::from(fhd >> 2 & 1) * 4;
-            if at > self.src.len() {
+            if at > self.window.len() {
                 return Err(Error::corrupt(format!(
                     "zstd stream is truncated at offset {}",
-                    self.src.len()
+                    self.window.len()
                 )));
             }
             self.at = at;
@@ -219,6 +217,9 @@ fn decode_frames(src: &Arc<Source>) -> Arc<DecodeFn> {
     let src = src.clone();
     Arc::new(
         move |piece: Piece, emit: &mut dyn FnMut(&mut Vec<u8>) -> bool| {
+            // Workers read different frames through one descriptor, whose readahead the
+            // kernel then turns down as for random reads: ask for the frame at once.
+            src.will_need(piece.input, piece.end - piece.input);
             let mut dctx = DCtx::create();
             let mut input = Input::new(src.clone(), piece.input);
             let mut out = vec![0u8; CHUNK];

@@ -326,6 +326,12 @@ impl Archive for TarArchive {
             metadata: false,
         }]
     }
+
+    fn decode_ahead(&self, memory_only: bool) {
+        if let Body::Decoded(d) = &self.body {
+            d.decode_ahead(memory_only);
+        }
+    }
 }
 
 /// Opens a tar archive (plain, or compressed as `compressed` says) from its saved index
