@@ -47,6 +47,24 @@ impl Source {
         })
     }
 
+    /// The same file through a descriptor of its own, so that a reader that moves through
+    /// the file on its own course keeps its own kernel readahead (reads at other places
+    /// through one descriptor make the kernel take both for random reads). Falls back to
+    /// a copy of this one's descriptor.
+    pub fn reopen(&self) -> Result<Source> {
+        use std::os::fd::AsRawFd;
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let file = File::open(&proc)
+            .or_else(|_| self.file.try_clone())
+            .map_err(|e| Error::io(format!("cannot reopen {}", self.path.display()), e))?;
+        Ok(Source {
+            file,
+            len: self.len,
+            mtime: self.mtime,
+            path: self.path.clone(),
+        })
+    }
+
     /// Asks the kernel to start reading `[at, at + len)` into the page cache, without
     /// waiting: a scan that will read it soon overlaps that I/O with its own work.
     pub fn will_need(&self, at: u64, len: u64) {

@@ -30,9 +30,11 @@ pub struct Window {
 const WINDOW: usize = 4 << 20;
 
 impl Window {
+    /// Reads through a descriptor of its own (see [`Source::reopen`]): sharing one with
+    /// the workers made a cold pzstd index take 0.6-1.9 s against 0.7 s for `zstd -dc`.
     pub fn new(src: &Arc<Source>) -> Window {
         Window {
-            src: src.clone(),
+            src: src.reopen().map(Arc::new).unwrap_or_else(|_| src.clone()),
             buf: Vec::new(),
             base: 0,
         }

@@ -957,7 +957,7 @@ impl Decoded {
         self.asked.fetch_add(len as u64, Relaxed);
         if let Some(stage) = self.stage.get() {
             let mut out = Buf::take(len);
-            if stage.try_read(pos, &mut out)? {
+            if stage.try_read(pos, &mut out, &|i| self.decoder(i), &|d| self.retire(d))? {
                 return Ok(Data::Owned(out));
             }
         }

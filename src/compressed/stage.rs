@@ -12,7 +12,7 @@ use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
@@ -25,8 +25,9 @@ pub struct Stage {
     file: File,
     progress: Mutex<Progress>,
     moved: Condvar,
-    /// Parallel copies: which stretches between entry points are copied.
-    copied: Option<(Arc<Points>, Box<[AtomicBool]>)>,
+    /// Parallel copies: the state of each stretch between entry points ([`FREE`],
+    /// [`BUSY`], [`COPIED`], [`FAILED`]).
+    copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     /// Threads still copying, the copy's length and start.
     running: AtomicUsize,
     len: u64,
@@ -69,9 +70,7 @@ impl Stage {
         if memory_only && !fits(points.len()) {
             return Ok(None);
         }
-        let copied = (0..points.count())
-            .map(|_| AtomicBool::new(false))
-            .collect();
+        let copied = (0..points.count()).map(|_| AtomicU8::new(FREE)).collect();
         let stage = Arc::new(Stage::new(
             points.len(),
             dir,
@@ -91,7 +90,7 @@ impl Stage {
     fn new(
         len: u64,
         dir: Option<&Path>,
-        copied: Option<(Arc<Points>, Box<[AtomicBool]>)>,
+        copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     ) -> Result<Stage> {
         let file = match (fits(len), dir) {
             (true, None) => memfd().or_else(|_| temp_file(&default_dir()))?,
@@ -149,10 +148,10 @@ impl Stage {
         Ok(())
     }
 
-    /// Copies the stretches between entry points taken from `next` in turn. A stretch
-    /// that fails is left to the readers, who decode it in place (and see its damage).
+    /// Copies the stretches between entry points taken from `next` in turn, skipping
+    /// those a reader took first.
     fn copy_stretches(&self, source: &Arc<Source>, codec: Codec, next: &AtomicUsize) -> Result<()> {
-        let Some((points, copied)) = &self.copied else {
+        let Some((points, _)) = &self.copied else {
             return Ok(());
         };
         let mut block = vec![0u8; BLOCK as usize];
@@ -162,33 +161,53 @@ impl Stage {
             if i >= points.count() {
                 return Ok(());
             }
+            if !self.claim(i) {
+                continue;
+            }
             let p = points.points[i];
-            let window = points.window(i)?;
             let reused = match &mut dec {
-                Some(d) => d.restart(&p, &window)?,
+                Some(d) => d.restart(&p, &points.window(i)?)?,
                 None => false,
             };
             if !reused {
                 dec = Some(points.decoder(i, codec, source)?);
             }
             let d = dec.as_mut().expect("a decoder");
-            let (mut at, end) = (p.output, points.end_of(i));
-            let mut ok = true;
-            while at < end && ok {
-                let b = &mut block[..BLOCK.min(end - at) as usize];
-                ok = fill(d.as_mut(), b).is_ok_and(|n| n == b.len())
-                    && points.verify(i, at, b).is_ok();
-                if ok {
-                    self.write(b, at)?;
-                }
-                at += b.len() as u64;
-            }
-            if ok {
-                copied[i].store(true, Ordering::Release);
-            } else {
+            if !self.copy_one(i, d.as_mut(), &mut block)? {
                 dec = None;
             }
         }
+    }
+
+    /// Takes stretch `i` to copy, unless it is taken.
+    fn claim(&self, i: usize) -> bool {
+        self.copied.as_ref().is_some_and(|(_, c)| {
+            c[i].compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+    }
+
+    /// Decodes the claimed stretch `i` with `dec` (at its entry point) into the copy;
+    /// false when it fails to decode or to match its CRCs (left to in-place reads, which
+    /// report the damage).
+    fn copy_one(&self, i: usize, dec: &mut dyn Decoder, block: &mut [u8]) -> Result<bool> {
+        let (points, copied) = self.copied.as_ref().expect("a parallel copy");
+        let (mut at, end) = (points.points[i].output, points.end_of(i));
+        while at < end {
+            let b = &mut block[..BLOCK.min(end - at) as usize];
+            let ok = fill(dec, b).is_ok_and(|n| n == b.len()) && points.verify(i, at, b).is_ok();
+            if !ok {
+                copied[i].store(FAILED, Ordering::Release);
+                return Ok(false);
+            }
+            if let Err(e) = self.write(b, at) {
+                copied[i].store(FAILED, Ordering::Release);
+                return Err(e);
+            }
+            at += b.len() as u64;
+        }
+        copied[i].store(COPIED, Ordering::Release);
+        Ok(true)
     }
 
     fn write(&self, b: &[u8], at: u64) -> Result<()> {
@@ -197,16 +216,43 @@ impl Stage {
             .map_err(|e| Error::io("cannot write the decoded copy (is the disk full?)", e))
     }
 
-    /// Fills `out` from `pos` if a parallel copy has copied all of it; false if not.
-    pub fn try_read(&self, pos: u64, out: &mut [u8]) -> Result<bool> {
+    /// Fills `out` from `pos` from the copy; false if a parallel copy does not hold all
+    /// of it yet. The stretches no one has taken yet are copied first, here, with
+    /// decoders from `decoder` handed back to `done`: a read's decoding then counts
+    /// toward the copy instead of being done twice.
+    pub fn try_read(
+        &self,
+        pos: u64,
+        out: &mut [u8],
+        decoder: &dyn Fn(usize) -> Result<Box<dyn Decoder>>,
+        done: &dyn Fn(Box<dyn Decoder>),
+    ) -> Result<bool> {
         let Some((points, copied)) = &self.copied else {
             self.read_exact_at(pos, out)?;
             return Ok(true);
         };
         let end = pos + out.len() as u64;
         let (first, last) = (points.before(pos), points.before(end.max(1) - 1));
-        if !(first..=last).all(|i| copied[i].load(Ordering::Acquire)) {
-            return Ok(false);
+        for i in first..=last {
+            if copied[i].load(Ordering::Acquire) == COPIED {
+                continue;
+            }
+            if !self.claim(i) {
+                return Ok(false); // another thread is on it, or it failed
+            }
+            let mut dec = match decoder(i) {
+                Ok(d) => d,
+                Err(e) => {
+                    copied[i].store(FREE, Ordering::Release);
+                    return Err(e);
+                }
+            };
+            let mut block = crate::archive::Buf::take(BLOCK as usize);
+            let ok = self.copy_one(i, dec.as_mut(), &mut block)?;
+            done(dec);
+            if !ok {
+                return Ok(false);
+            }
         }
         self.file
             .read_exact_at(out, pos)
@@ -261,6 +307,12 @@ fn spawn(
             Error::io("cannot start the decoding thread", e)
         })
 }
+
+/// States of a stretch in a parallel copy.
+const FREE: u8 = 0;
+const BUSY: u8 = 1;
+const COPIED: u8 = 2;
+const FAILED: u8 = 3;
 
 /// Whether `len` bytes fit in 3/4 of the free memory (or the free memory is unknown).
 fn fits(len: u64) -> bool {
