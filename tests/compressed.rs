@@ -123,6 +123,43 @@ fn window_kib(info: &str) -> usize {
     info[at..].split(' ').next().unwrap().parse().unwrap()
 }
 
+/// `n` compressed shards of `files` text files each (`part{s:02}/{i}.txt`), made by
+/// `tools[s % tools.len()]`, in `dir/shards`; the same files, all together, in `dir/all`.
+fn shards(dir: &TempDir, n: usize, files: usize, tools: &[&str]) -> (PathBuf, PathBuf) {
+    let (shards, all) = (dir.join("shards"), dir.join("all"));
+    std::fs::create_dir(&shards).unwrap();
+    for s in 0..n {
+        let src = dir.join(format!("s{s}"));
+        let part = format!("part{s:02}");
+        std::fs::create_dir_all(src.join(&part)).unwrap();
+        std::fs::create_dir_all(all.join(&part)).unwrap();
+        for i in 0..files {
+            let body = words(30_000 + i * 999, s as u64 * 100 + i as u64);
+            std::fs::write(src.join(&part).join(format!("{i}.txt")), &body).unwrap();
+            std::fs::write(all.join(&part).join(format!("{i}.txt")), &body).unwrap();
+        }
+        let tar = dir.join(format!("s{s}.tar"));
+        tar_of(&src, ".", &tar);
+        let tool = tools[s % tools.len()];
+        let out = shards.join(format!("s{s:02}.tar.c"));
+        compress(&format!("{tool} < \"$IN\" > \"$OUT\""), &tar, &out);
+    }
+    (shards, all)
+}
+
+/// Reads every file of [`shards`] through the mount.
+fn check_shards(mnt: &Path, all: &Path, n: usize, files: usize, what: &str) {
+    for s in 0..n {
+        for i in 0..files {
+            let rel = format!("part{s:02}/{i}.txt");
+            assert!(
+                std::fs::read(mnt.join(&rel)).unwrap() == std::fs::read(all.join(&rel)).unwrap(),
+                "{rel} ({what})"
+            );
+        }
+    }
+}
+
 #[test]
 fn gzip_from_every_writer_matches_tar_x() {
     let dir = TempDir::new("gz-writers");
@@ -253,14 +290,7 @@ fn random_reads_through_every_entry_point_match_the_source() {
         .collect();
     std::fs::write(src.join("big"), &data).unwrap();
     let tar = dir.join("big.tar");
-    run_ok(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg("big"),
-    );
+    tar_of(&src, "big", &tar);
     let spacing = 256u64 << 10;
     for (name, script) in [
         ("gz", "gzip -6 -c < \"$IN\" > \"$OUT\""),
@@ -331,14 +361,7 @@ fn damage_gives_eio_for_the_files_in_it_and_truncation_is_refused() {
         std::fs::write(src.join(format!("f{i:03}")), rnd(100_000)).unwrap();
     }
     let tar = dir.join("d.tar");
-    run_ok(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg("."),
-    );
+    tar_of(&src, ".", &tar);
     for (name, script) in [
         ("gz", "gzip -c < \"$IN\" > \"$OUT\""),
         ("pzstd", "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
@@ -422,65 +445,27 @@ fn damage_gives_eio_for_the_files_in_it_and_truncation_is_refused() {
 #[test]
 fn shards_mount_as_a_union_and_a_damaged_index_is_rebuilt() {
     let dir = TempDir::new("gz-shards");
-    let shards = dir.join("shards");
-    std::fs::create_dir(&shards).unwrap();
-    let all = dir.join("all");
-    for s in 0..3 {
-        let src = dir.join(format!("s{s}"));
-        let part = src.join(format!("part{s}"));
-        std::fs::create_dir_all(&part).unwrap();
-        let all_part = all.join(format!("part{s}"));
-        std::fs::create_dir_all(&all_part).unwrap();
-        for i in 0..20 {
-            let body = words(30_000 + i * 1000, s as u64 * 100 + i as u64);
-            std::fs::write(part.join(format!("{i}.txt")), &body).unwrap();
-            std::fs::write(all_part.join(format!("{i}.txt")), &body).unwrap();
-        }
-        let tar = dir.join(format!("s{s}.tar"));
-        run_ok(
-            Command::new("tar")
-                .arg("-cf")
-                .arg(&tar)
-                .arg("-C")
-                .arg(&src)
-                .arg("."),
-        );
-        let tool = ["gzip -c", "pzstd -q -c", "bgzip -c"][s];
-        compress(
-            &format!("{tool} < \"$IN\" > \"$OUT\""),
-            &tar,
-            &shards.join(format!("s{s}.tar.c")),
-        );
-    }
+    let (shards, all) = shards(&dir, 3, 20, &["gzip -c", "pzstd -q -c", "bgzip -c"]);
     let mnt = dir.join("mnt");
     for pass in ["indexed", "saved"] {
         let m = Mount::new(&shards, &mnt, &[]);
-        for s in 0..3 {
-            for i in 0..20 {
-                let rel = format!("part{s}/{i}.txt");
-                assert!(
-                    std::fs::read(m.path.join(&rel)).unwrap()
-                        == std::fs::read(all.join(&rel)).unwrap(),
-                    "{rel} ({pass})"
-                );
-            }
-        }
+        check_shards(&m.path, &all, 3, 20, pass);
     }
-    let ix = index_of(&shards.join("s0.tar.c"));
+    let ix = index_of(&shards.join("s00.tar.c"));
     let mut b = std::fs::read(&ix).unwrap();
     let at = b.len() / 2;
     b[at] ^= 0xff;
     std::fs::write(&ix, &b).unwrap();
     let log = dir.join("log");
     let m = Mount::new(
-        &shards.join("s0.tar.c"),
+        &shards.join("s00.tar.c"),
         &mnt,
         &["--debug", "--log", log.to_str().unwrap()],
     );
     assert!(std::fs::read_to_string(&log).unwrap().contains("damaged"));
     assert!(
-        std::fs::read(m.path.join("part0/3.txt")).unwrap()
-            == std::fs::read(all.join("part0/3.txt")).unwrap()
+        std::fs::read(m.path.join("part00/3.txt")).unwrap()
+            == std::fs::read(all.join("part00/3.txt")).unwrap()
     );
 }
 
@@ -536,4 +521,48 @@ fn preload_decodes_ahead_into_a_copy_that_reads_match() {
         assert!(read_log().contains("--preload: decoding"), "{}", read_log());
         common::suite::check_mount(&ex, &m.path, &opts, &format!("{name}, copied"));
     }
+}
+
+/// `--preload` of a directory of many shards: every shard's copy is made, by one pool of
+/// at most a thread a core (which stays, idle, for later copies), not by threads of every
+/// shard at once.
+#[test]
+fn preload_of_many_shards_copies_them_with_a_few_threads() {
+    let dir = TempDir::new("preload-shards");
+    let n = 24;
+    let (shards, all) = shards(&dir, n, 8, &["gzip -c"]);
+    let log = dir.join("log");
+    let mnt = dir.join("mnt");
+    let m = Mount::new(
+        &shards,
+        &mnt,
+        &[
+            "--preload=always",
+            "--entry-spacing",
+            "64K",
+            "--debug",
+            "--log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(120, || read_log().matches("decoded copy of").count() >= n),
+        "not every shard was copied: {}",
+        read_log()
+    );
+    let server = pids_of_mount(&mnt)[0];
+    let copying = std::fs::read_dir(format!("/proc/{server}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|c| c.starts_with("archfs-stage"))
+        .count();
+    let cores = std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .min(8);
+    assert!(
+        (1..=cores).contains(&copying),
+        "{copying} copying threads for {cores} cores"
+    );
+    check_shards(&m.path, &all, n, 8, "copied");
 }

@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
@@ -69,14 +68,7 @@ fn truncated_or_removed_archive_under_a_live_mount() {
 
     // Removed: the open descriptor keeps the data, so reads go on working.
     let tar = dir.join("t.tar");
-    run_ok(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg("."),
-    );
+    tar_of(&src, ".", &tar);
     let m = Mount::new(&tar, &dir.join("mnt2"), &[]);
     std::fs::remove_file(&tar).unwrap();
     for i in (0..300).step_by(13) {

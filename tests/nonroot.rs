@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::user::{Stage, Who};
 use common::*;
@@ -92,14 +91,7 @@ fn an_ordinary_user_mounts_reads_and_unmounts() {
 
     // A tar beside which the user cannot write: its index goes to the user's cache.
     let tar = dir.join("data.tar");
-    run_ok(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg("hello.txt"),
-    );
+    tar_of(&src, "hello.txt", &tar);
     let cache = home.join("cache");
     let out = stage
         .command(bin)

@@ -375,14 +375,7 @@ fn the_index_is_saved_reused_and_rebuilt_when_stale_or_damaged() {
         std::fs::write(src.join(format!("d/f{i}")), format!("file {i}")).unwrap();
     }
     let tar = dir.join("data.tar");
-    run_ok(
-        Command::new("tar")
-            .arg("-cf")
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg("d"),
-    );
+    tar_of(&src, "d", &tar);
     let mnt = dir.join("mnt");
     let log = dir.join("log");
     let mount = |extra: &[&str]| {

@@ -28,8 +28,9 @@ pub struct Stage {
     /// Parallel copies: the state of each stretch between entry points ([`FREE`],
     /// [`BUSY`], [`COPIED`], [`FAILED`]).
     copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
-    /// Threads still copying, the copy's length and start.
+    /// Threads still copying, whether the copy's end was told, its length and start.
     running: AtomicUsize,
+    done: std::sync::atomic::AtomicBool,
     len: u64,
     started: std::time::Instant,
 }
@@ -57,8 +58,11 @@ impl Stage {
         Ok(stage)
     }
 
-    /// Starts copying the stretches between entry points on `threads` threads; returns
-    /// at once. `None` when the copy would not fit in memory and `memory_only`.
+    /// Queues a copy of the stretches between entry points for the copying threads
+    /// (`threads` of them, shared by every archive of the mount: a union of 1,000
+    /// shards copies one or two at a time, not all at once); returns at once. `None`
+    /// when the copy would not fit in memory, with the copies still under way, and
+    /// `memory_only`.
     pub fn start_parallel(
         source: Arc<Source>,
         codec: Codec,
@@ -67,22 +71,33 @@ impl Stage {
         threads: usize,
         memory_only: bool,
     ) -> Result<Option<Arc<Stage>>> {
-        if memory_only && !fits(points.len()) {
+        let len = points.len();
+        let pending = PENDING.fetch_add(len, Ordering::AcqRel) + len;
+        if memory_only && !fits(pending) {
+            PENDING.fetch_sub(len, Ordering::AcqRel);
             return Ok(None);
         }
         let copied = (0..points.count()).map(|_| AtomicU8::new(FREE)).collect();
-        let stage = Arc::new(Stage::new(
-            points.len(),
-            dir,
-            Some((points.clone(), copied)),
-        )?);
-        let next = Arc::new(AtomicUsize::new(0));
-        for t in 0..threads.max(1) {
-            let (s, src, next) = (stage.clone(), source.clone(), next.clone());
-            let name = format!("archfs-stage-{t}");
-            spawn(&stage, &name, source.clone(), move || {
-                s.copy_stretches(&src, codec, &next)
-            })?;
+        let stage = match Stage::new(len, dir, Some((points, copied))) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                PENDING.fetch_sub(len, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        JOBS.lock().push_back(Arc::new(Job {
+            stage: stage.clone(),
+            source,
+            codec,
+            next: AtomicUsize::new(0),
+        }));
+        QUEUED.notify_all();
+        while WORKERS.load(Ordering::Acquire) < threads.max(1) {
+            let n = WORKERS.fetch_add(1, Ordering::AcqRel);
+            std::thread::Builder::new()
+                .name(format!("archfs-stage-{n}"))
+                .spawn(copy_jobs)
+                .map_err(|e| Error::io("cannot start a decoding thread", e))?;
         }
         Ok(Some(stage))
     }
@@ -103,6 +118,7 @@ impl Stage {
             moved: Condvar::new(),
             copied,
             running: AtomicUsize::new(0),
+            done: Default::default(),
             len,
             started: std::time::Instant::now(),
         })
@@ -306,6 +322,58 @@ fn spawn(
             stage.running.fetch_sub(1, Ordering::Relaxed);
             Error::io("cannot start the decoding thread", e)
         })
+}
+
+/// A parallel copy, queued for the copying threads.
+struct Job {
+    stage: Arc<Stage>,
+    source: Arc<Source>,
+    codec: Codec,
+    /// The next stretch to take.
+    next: AtomicUsize,
+}
+
+static JOBS: Mutex<std::collections::VecDeque<Arc<Job>>> =
+    Mutex::new(std::collections::VecDeque::new());
+static QUEUED: Condvar = Condvar::new();
+static WORKERS: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of parallel copies not yet complete (memory they are still to take).
+static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A copying thread: works on the oldest queued copy with the others until none of its
+/// stretches is left to take, then on the next.
+fn copy_jobs() {
+    loop {
+        let job = {
+            let mut jobs = JOBS.lock();
+            while jobs.is_empty() {
+                QUEUED.wait(&mut jobs);
+            }
+            jobs[0].clone()
+        };
+        let s = &job.stage;
+        s.running.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = s.copy_stretches(&job.source, job.codec, &job.next) {
+            tracing::error!("decoding {}: {e}", job.source.path().display());
+            // Its other stretches are left to the readers.
+            job.next.store(usize::MAX / 2, Ordering::Release);
+        }
+        {
+            let mut jobs = JOBS.lock();
+            if jobs.front().is_some_and(|j| Arc::ptr_eq(j, &job)) {
+                jobs.pop_front();
+            }
+        }
+        if s.running.fetch_sub(1, Ordering::AcqRel) == 1 && !s.done.swap(true, Ordering::AcqRel) {
+            PENDING.fetch_sub(s.len, Ordering::AcqRel);
+            tracing::info!(
+                "decoded copy of {} complete: {} MiB in {:.1} s",
+                job.source.path().display(),
+                s.len >> 20,
+                s.started.elapsed().as_secs_f64()
+            );
+        }
+    }
 }
 
 /// States of a stretch in a parallel copy.

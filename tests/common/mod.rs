@@ -107,6 +107,18 @@ pub fn mksquashfs(src: &Path, img: &Path, args: &[&str]) {
     );
 }
 
+/// `tar -cf TAR -C DIR MEMBER` with GNU tar.
+pub fn tar_of(dir: &Path, member: &str, tar: &Path) {
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(tar)
+            .arg("-C")
+            .arg(dir)
+            .arg(member),
+    );
+}
+
 /// What `tar -x` makes of an archive (compressed ones too), as root keeping owners, modes
 /// and xattrs: the reference a mounted tar is compared with. A writer's oddities make
 /// GNU tar complain of some members; the comparison shows what that costs.
