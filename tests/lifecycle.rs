@@ -43,6 +43,8 @@ struct Job {
     mnt: PathBuf,
     log: PathBuf,
     script: PathBuf,
+    /// Options of `mount` and `run` besides the defaults.
+    opts: Vec<&'static str>,
 }
 
 impl Job {
@@ -63,6 +65,7 @@ impl Job {
             log: stage.work.join("train.log"),
             script,
             stage,
+            opts: Vec::new(),
         }
     }
 
@@ -78,6 +81,7 @@ impl Job {
             .arg("mount")
             .arg("--log")
             .arg(self.stage.work.join("server.log"))
+            .args(&self.opts)
             .arg(&self.img)
             .arg(&self.mnt)
             .env("ARCHFS_LOG", "info")
@@ -167,6 +171,7 @@ impl Job {
         let _ = std::fs::remove_file(&self.log);
         let mut cmd = self.stage.archfs();
         cmd.arg("run")
+            .args(&self.opts)
             .arg(&self.img)
             .arg(&self.mnt)
             .args(["--", PYTHON])
@@ -415,16 +420,23 @@ fn run_endings(who: Who) {
 
 as_root_and_as_a_user!(run_endings);
 
-/// Compressed tars end the same way: a gzip tar read in place, and an xz tar served from
-/// a decoded copy that a background thread makes (it may still be running at the signal).
+/// Compressed tars end the same way: a gzip tar read in place, the same decoded ahead by
+/// `--preload` (its copying threads running, or idle in their pool, at the signal), and
+/// an xz tar served from a decoded copy that a background thread makes.
 fn compressed_endings(who: Who) {
     let mut j = Job::new("compressed", who);
     let src = j.stage.dir.join("csrc");
     std::fs::create_dir_all(src.join("sub")).unwrap();
     std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
     std::fs::write(src.join("sub/big.bin"), xorshift_bytes(3)(32 << 20)).unwrap();
-    for (ext, tool) in [("tar.gz", "gzip -1"), ("tar.xz", "xz -0")] {
+    for (ext, tool, opts) in [
+        ("tar.gz", "gzip -1", vec![]),
+        ("tar.gz", "gzip -1", vec!["--preload=always"]),
+        ("tar.xz", "xz -0", vec![]),
+    ] {
+        j.opts = opts;
         let archive = j.stage.dir.join(format!("data.{ext}"));
+        let ext = format!("{ext} {}", j.opts.join(" "));
         run_ok(std::process::Command::new("sh").arg("-c").arg(format!(
             "tar -cf - -C {} . | {tool} > {}",
             src.display(),
@@ -432,7 +444,12 @@ fn compressed_endings(who: Who) {
         )));
         j.img = archive;
         for (name, sig) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+            let _ = std::fs::remove_file(j.stage.work.join("server.log"));
             let server = j.mount();
+            if !j.opts.is_empty() {
+                let log = std::fs::read_to_string(j.stage.work.join("server.log")).unwrap();
+                assert!(log.contains("--preload: decoding"), "{}: {log}", j.who());
+            }
             let holder = j.hold();
             let t = Instant::now();
             kill(server, sig);
