@@ -85,7 +85,7 @@ pub const BUDGET: usize = 64 << 20;
 
 enum Chunk {
     Data(Vec<u8>),
-    /// The piece ended (with its input offset, for its entry point).
+    /// The piece ended.
     End,
     Failed(Error),
 }
@@ -152,18 +152,9 @@ impl Ahead {
             decode,
             budget,
         });
-        let workers = (0..threads.max(1))
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("archfs-decode-{i}"))
-                    .spawn(move || s.work())
-                    .map_err(|e| Error::io("cannot start a decoding thread", e))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Ahead {
+        let mut ahead = Ahead {
             shared,
-            workers,
+            workers: Vec::new(),
             chunk: Vec::new(),
             used: 0,
             index: 0,
@@ -171,7 +162,17 @@ impl Ahead {
             between: true,
             ended: false,
             input: 0,
-        })
+        };
+        for i in 0..threads.max(1) {
+            let s = ahead.shared.clone();
+            let worker = std::thread::Builder::new()
+                .name(format!("archfs-decode-{i}"))
+                .spawn(move || s.work())
+                // Dropping `ahead` stops the workers already started.
+                .map_err(|e| Error::io("cannot start a decoding thread", e))?;
+            ahead.workers.push(worker);
+        }
+        Ok(ahead)
     }
 }
 

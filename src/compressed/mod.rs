@@ -82,7 +82,7 @@ impl Codec {
     /// A decoder for one pass over the whole archive (the indexing pass, a decoded
     /// copy): on several threads where the format has independent pieces.
     fn stream(self, src: &Arc<Source>) -> Result<Box<dyn Decoder>> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        let threads = threads();
         Ok(match self {
             Codec::Zstd => zstd::stream(src, threads)?,
             Codec::Xz => Box::new(serial::Serial::xz_threads(src, threads)?),
@@ -134,6 +134,11 @@ pub trait Decoder: Send {
     fn restart(&mut self, _p: &Point, _window: &[u8]) -> Result<bool> {
         Ok(false)
     }
+}
+
+/// Threads for a pass over a whole archive: one a core, at most 8.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
 /// Fills `out` completely unless the stream ends first; returns the bytes written.
@@ -746,7 +751,6 @@ pub struct Decoded {
     /// or by `--preload` ([`Decoded::decode_ahead`]).
     stage: std::sync::OnceLock<Arc<Stage>>,
     stage_dir: Option<std::path::PathBuf>,
-    staged: bool,
     /// Bytes decoded for reads, and asked for by them: how much a read decodes in vain
     /// (logged at unmount, to tune `--entry-spacing` and `--cache-size` by).
     decoded: std::sync::atomic::AtomicU64,
@@ -848,10 +852,6 @@ impl Decoded {
         } else {
             None
         };
-        let (staged, stage) = (stage_now.is_some(), std::sync::OnceLock::new());
-        if let Some(s) = stage_now {
-            let _ = stage.set(s);
-        }
         Ok(Decoded {
             source,
             codec,
@@ -874,8 +874,7 @@ impl Decoded {
                 std::num::NonZeroUsize::new((cache_bytes / 16 / PARKED_BYTES).max(8) as usize)
                     .unwrap(),
             )),
-            stage,
-            staged,
+            stage: stage_now.map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from),
             stage_dir: stage_dir.map(std::path::Path::to_path_buf),
             decoded: Default::default(),
             asked: Default::default(),
@@ -906,7 +905,7 @@ impl Decoded {
 
     /// Whether reads come from a decoded copy made from the start.
     pub fn staged(&self) -> bool {
-        self.staged
+        self.stage.get().is_some_and(|s| !s.parallel())
     }
 
     /// Starts decoding the whole archive in the background, on every core from the
@@ -916,7 +915,7 @@ impl Decoded {
         if self.stage.get().is_some() {
             return;
         }
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        let threads = threads();
         match Stage::start_parallel(
             self.source.clone(),
             self.codec,
@@ -1066,23 +1065,19 @@ impl Decoded {
     /// A decoder at entry point `i`: an idle one moved there, else a new one.
     fn decoder(&self, i: usize) -> Result<Box<dyn Decoder>> {
         if let Some(mut d) = self.idle.lock().pop() {
-            let window = match i {
-                0 => Vec::new(),
-                _ => self.points.window(i)?,
-            };
-            let p = if i == 0 {
-                Point::default()
-            } else {
-                self.points.points[i]
-            };
-            if d.restart(&p, &window)? {
+            if d.restart(&self.points.points[i], &self.points.window(i)?)? {
                 return Ok(d);
             }
         }
         self.points.decoder(i, self.codec, &self.source)
     }
 
+    /// Keeps a decoder done with for [`Decoded::decoder`]. Only gzip's restart: a zstd
+    /// decoder holds its frame's window (pzstd: several MiB) and is dropped.
     fn retire(&self, d: Box<dyn Decoder>) {
+        if self.codec != Codec::Gzip {
+            return;
+        }
         let mut idle = self.idle.lock();
         if idle.len() < IDLE {
             idle.push(d);

@@ -232,6 +232,11 @@ impl Stage {
             .map_err(|e| Error::io("cannot write the decoded copy (is the disk full?)", e))
     }
 
+    /// Whether this is a parallel copy, made from the entry points.
+    pub fn parallel(&self) -> bool {
+        self.copied.is_some()
+    }
+
     /// Fills `out` from `pos` from the copy; false if a parallel copy does not hold all
     /// of it yet. The stretches no one has taken yet are copied first, here, with
     /// decoders from `decoder` handed back to `done`: a read's decoding then counts
