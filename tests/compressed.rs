@@ -224,30 +224,55 @@ fn zstd_frames_are_entry_points_and_one_frame_is_staged() {
     }
 }
 
+/// xz blocks and bzip2 blocks are entry points; an xz archive of one block is staged.
 #[test]
 fn xz_and_bzip2_from_every_writer_match_tar_x() {
     let dir = TempDir::new("xz-bz2-writers");
     let src = fixture(&dir);
     let tar = pax_tar(&dir, &src);
-    for (name, script) in [
-        ("xz", "xz -c < \"$IN\" > \"$OUT\""),
-        ("xz-T2", "xz -T2 --block-size=64KiB -c < \"$IN\" > \"$OUT\""),
-        // Concatenated streams with stream padding between: liblzma's threaded decoder
-        // reads one stream, archfs starts the next.
+    // (writer, entry points at least: 1 means served from a decoded copy)
+    for (name, points, script) in [
+        ("xz", 1, "xz -c < \"$IN\" > \"$OUT\""),
+        (
+            "xz-T2",
+            8,
+            "xz -T2 --block-size=300KiB -c < \"$IN\" > \"$OUT\"",
+        ),
+        // Filters before LZMA2 and every check type.
+        (
+            "xz-filters",
+            8,
+            "xz --x86 --delta=dist=4 --lzma2=preset=1 --block-size=300KiB --check=sha256 \
+             -c < \"$IN\" > \"$OUT\"",
+        ),
+        (
+            "xz-none",
+            8,
+            "xz -T2 --block-size=300KiB --check=none -c < \"$IN\" > \"$OUT\"",
+        ),
+        // Concatenated streams with stream padding between, and a check of each kind:
+        // liblzma's threaded decoder reads one stream, archfs starts the next.
         (
             "xz-cat",
-            "head -c 100000 \"$IN\" | xz -T2 --block-size=16KiB -c > \"$OUT\"; \
+            4,
+            "head -c 1000000 \"$IN\" | xz -T2 --block-size=300KiB --check=crc32 -c > \"$OUT\"; \
              printf '\\0\\0\\0\\0' >> \"$OUT\"; \
-             tail -c +100001 \"$IN\" | xz -c >> \"$OUT\"",
+             tail -c +1000001 \"$IN\" | xz -T2 --block-size=1MiB -c >> \"$OUT\"",
         ),
-        ("bzip2", "bzip2 -c < \"$IN\" > \"$OUT\""),
-        ("lbzip2", "lbzip2 -n 2 -c < \"$IN\" > \"$OUT\""),
-        ("pbzip2", "pbzip2 -p2 -c < \"$IN\" > \"$OUT\""),
+        ("bzip2", 3, "bzip2 -c < \"$IN\" > \"$OUT\""),
+        ("bzip2-1", 8, "bzip2 -1 -c < \"$IN\" > \"$OUT\""),
+        ("lbzip2", 3, "lbzip2 -n 2 -c < \"$IN\" > \"$OUT\""),
+        // A stream per block.
+        ("pbzip2", 8, "pbzip2 -p2 -b1 -c < \"$IN\" > \"$OUT\""),
     ] {
         let file = dir.join(format!("{name}.tar.c"));
         compress(script, &tar, &file);
         let info = check(&dir, &file, name, true);
-        assert!(info.contains("decoded copy"), "{info}");
+        let staged = info.contains("decoded copy");
+        assert!(
+            (points == 1) == staged && entry_points(&info) >= points,
+            "{name}: {info}"
+        );
     }
 }
 
@@ -292,9 +317,16 @@ fn random_reads_through_every_entry_point_match_the_source() {
     let tar = dir.join("big.tar");
     tar_of(&src, "big", &tar);
     let spacing = 256u64 << 10;
-    for (name, script) in [
-        ("gz", "gzip -6 -c < \"$IN\" > \"$OUT\""),
-        ("pzstd", "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+    // (name, entry points at least, writer)
+    for (name, least, script) in [
+        ("gz", 20, "gzip -6 -c < \"$IN\" > \"$OUT\""),
+        ("pzstd", 2, "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+        ("bz2", 30, "bzip2 -1 -c < \"$IN\" > \"$OUT\""),
+        (
+            "xz",
+            16,
+            "xz -T2 --block-size=700KiB -c < \"$IN\" > \"$OUT\"",
+        ),
     ] {
         let file = dir.join(format!("big.tar.{name}"));
         compress(script, &tar, &file);
@@ -307,11 +339,15 @@ fn random_reads_through_every_entry_point_match_the_source() {
         };
         for pass in ["indexed", "saved index"] {
             let a = archive::open_with(&file, &cache, &options).unwrap();
+            assert!(
+                !a.format().contains("decoded copy") && entry_points(&a.format()) >= least,
+                "{name}: {}",
+                a.format()
+            );
             if name == "gz" {
                 // Only deflate block ends qualify, so they come somewhat further apart;
                 // in the text, further still, so its windows stay within 1% of the archive.
                 let points = entry_points(&a.format());
-                assert!(points >= 20, "{}", a.format());
                 let whole = points * 32;
                 assert!(
                     window_kib(&a.format()) * 3 < whole,
@@ -365,6 +401,8 @@ fn damage_gives_eio_for_the_files_in_it_and_truncation_is_refused() {
     for (name, script) in [
         ("gz", "gzip -c < \"$IN\" > \"$OUT\""),
         ("pzstd", "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
+        ("bz2", "bzip2 -1 -c < \"$IN\" > \"$OUT\""),
+        ("xz", "xz -T2 --block-size=400KiB -c < \"$IN\" > \"$OUT\""),
     ] {
         let file = dir.join(format!("d.tar.{name}"));
         compress(script, &tar, &file);

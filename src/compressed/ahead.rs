@@ -72,6 +72,11 @@ pub struct Piece {
 pub trait Split: Send + 'static {
     /// The piece after the last one returned; `None` at the end of the archive.
     fn next(&mut self) -> Result<Option<Piece>>;
+    /// Where a read can start decoding `piece`, as an entry point's archive byte and
+    /// bits (the pieces of bzip2 are bit ranges).
+    fn entry(&self, piece: &Piece) -> (u64, u8) {
+        (piece.input, 0)
+    }
 }
 
 /// Decodes a piece, handing its output on in chunks: the sink takes the vector's
@@ -94,8 +99,8 @@ struct State {
     /// Next piece to hand out, and the reader's.
     next: u64,
     head: u64,
-    /// Where each handed-out piece starts in the archive.
-    starts: BTreeMap<u64, u64>,
+    /// Where each handed-out piece starts in the archive (byte, bits).
+    starts: BTreeMap<u64, (u64, u8)>,
     ready: BTreeMap<(u64, u32), Chunk>,
     buffered: usize,
     /// Chunk buffers the reader is done with.
@@ -208,7 +213,7 @@ impl Shared {
         let seq = st.next;
         let piece = match got {
             Ok(Some(p)) => {
-                st.starts.insert(seq, p.input);
+                st.starts.insert(seq, split.entry(&p));
                 Some((seq, p))
             }
             Ok(None) => None,
@@ -292,7 +297,7 @@ impl Decoder for Ahead {
                     st.head += 1;
                     self.index = 0;
                     self.between = true;
-                    self.input = st.starts.get(&st.head).copied().unwrap_or(self.input);
+                    self.input = st.starts.get(&st.head).map_or(self.input, |s| s.0);
                     self.shared.moved.notify_all();
                     // A piece ended: an entry point, for the caller to record.
                     return Ok(done);
@@ -310,9 +315,9 @@ impl Decoder for Ahead {
         }
         // The next piece may not be handed out yet: its start is known once it is.
         let mut st = self.shared.state.lock();
-        let input = loop {
-            if let Some(&input) = st.starts.get(&st.head) {
-                break input;
+        let (input, bits) = loop {
+            if let Some(&start) = st.starts.get(&st.head) {
+                break start;
             }
             if st.exhausted {
                 return None;
@@ -323,7 +328,7 @@ impl Decoder for Ahead {
             Point {
                 output: self.out,
                 input,
-                bits: 0,
+                bits,
             },
             Vec::new(),
         ))

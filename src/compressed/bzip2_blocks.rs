@@ -4,12 +4,15 @@
 //! stream header, the block's bits moved to a byte boundary, an end-of-stream marker
 //! whose combined CRC is the block's own (libbz2 checks both).
 //!
+//! Each block is also an entry point for reads ([`BlockRun`]): a read decodes ~900 kB.
+//!
 //! A magic can also occur by chance inside compressed data (once in 2^48 bit offsets,
 //! about once in 35 TB): such a block fails its CRC and the pass reports damage.
 
 use std::sync::Arc;
 
 use super::ahead::{DecodeFn, Piece, Split, Window};
+use super::{Decoder, Point};
 use crate::archive::Source;
 use crate::error::{Error, Result};
 
@@ -29,6 +32,9 @@ pub struct Blocks {
     open: Option<u64>,
     /// Blocks' CRCs combined as the end-of-stream marker's is.
     combined: u32,
+    /// Started inside a stream (a read at an entry point), whose combined CRC cannot
+    /// be checked: each block's own CRC still is.
+    partial: bool,
 }
 
 impl Blocks {
@@ -39,6 +45,18 @@ impl Blocks {
             started: false,
             open: None,
             combined: 0,
+            partial: false,
+        }
+    }
+
+    /// The blocks from the one whose magic is at bit `bit` on.
+    pub fn at(src: &Arc<Source>, bit: u64) -> Blocks {
+        Blocks {
+            window: Window::new(src),
+            started: true,
+            open: Some(bit),
+            combined: 0,
+            partial: true,
         }
     }
 
@@ -99,7 +117,8 @@ impl Blocks {
     /// next stream's first block (pbzip2 writes a stream per block) or the end.
     fn next_stream(&mut self, bit: u64) -> Result<Option<u64>> {
         let crc = self.bits(bit + 48, 32)?.ok_or_else(truncated)? as u32;
-        if crc != self.combined {
+        let partial = std::mem::take(&mut self.partial);
+        if crc != self.combined && !partial {
             return Err(Error::corrupt(format!(
                 "bzip2 stream ending at byte {} fails its CRC",
                 bit / 8
@@ -173,6 +192,75 @@ impl Split for Blocks {
             Some(end)
         };
         Ok(Some(Piece { input: start, end }))
+    }
+
+    fn entry(&self, piece: &Piece) -> (u64, u8) {
+        (piece.input / 8, (piece.input % 8) as u8)
+    }
+}
+
+/// A read's decoder from an entry point (a block's magic at byte `input`, after `bits`
+/// bits of it): the blocks one after another, each decoded as a stream of its own.
+pub struct BlockRun {
+    blocks: Blocks,
+    decode: Arc<DecodeFn>,
+    /// The block being handed out, from `used` on.
+    block: Vec<u8>,
+    used: usize,
+    ended: bool,
+    input: u64,
+}
+
+impl BlockRun {
+    pub fn new(src: &Arc<Source>, p: &Point) -> BlockRun {
+        BlockRun {
+            blocks: Blocks::at(src, p.input * 8 + u64::from(p.bits)),
+            decode: decode_blocks(src),
+            block: Vec::new(),
+            used: 0,
+            ended: false,
+            input: p.input,
+        }
+    }
+}
+
+impl Decoder for BlockRun {
+    fn read(&mut self, out: &mut [u8]) -> Result<usize> {
+        let mut done = 0;
+        while done < out.len() && !self.ended {
+            if self.used == self.block.len() {
+                let Some(piece) = self.blocks.next()? else {
+                    self.ended = true;
+                    break;
+                };
+                self.input = piece.end / 8;
+                self.block.clear();
+                self.used = 0;
+                let block = &mut self.block;
+                (self.decode)(piece, &mut |chunk: &mut Vec<u8>| {
+                    if block.is_empty() {
+                        std::mem::swap(block, chunk);
+                    } else {
+                        block.append(chunk);
+                    }
+                    true
+                })?;
+                continue;
+            }
+            let n = (self.block.len() - self.used).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.block[self.used..self.used + n]);
+            self.used += n;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn input_pos(&self) -> u64 {
+        self.input
     }
 }
 

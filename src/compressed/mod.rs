@@ -3,11 +3,11 @@
 //!
 //! One pass over the archive decodes it front to back for the tar scan and records entry
 //! points on the way: places a decoder can start from (a gzip deflate block boundary with
-//! its 32 KiB window, a zstd frame). A read then decodes from the nearest entry point
-//! before it, into the shared block cache as fixed-size blocks, so the next reads of the
-//! same neighbourhood cost a copy. Formats without entry points (xz and bzip2 for now, a
-//! zstd archive of one frame) are decoded once, in the background, into a copy in memory
-//! or on node-local disk ([`stage`]), and served from there.
+//! its 32 KiB window, a zstd frame, an xz block, a bzip2 block). A read then decodes from
+//! the nearest entry point before it, into the shared block cache as fixed-size blocks,
+//! so the next reads of the same neighbourhood cost a copy. An archive whose entry points
+//! are too far apart (one zstd frame, one xz block) is decoded once, in the background,
+//! into a copy in memory or on node-local disk ([`stage`]), and served from there.
 
 mod ahead;
 mod bzip2_blocks;
@@ -15,6 +15,7 @@ mod gzip;
 mod serial;
 mod stage;
 mod window;
+mod xz;
 mod zstd;
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -59,12 +60,6 @@ impl Codec {
         }
     }
 
-    /// Whether a read can start decoding at an entry point inside the archive (bzip2's
-    /// blocks can be found, but a read would decode ~900 kB for each).
-    fn enterable(self) -> bool {
-        matches!(self, Codec::Gzip | Codec::Zstd)
-    }
-
     fn id(self) -> u8 {
         self as u8
     }
@@ -85,14 +80,15 @@ impl Codec {
         let threads = threads();
         Ok(match self {
             Codec::Zstd => zstd::stream(src, threads)?,
-            Codec::Xz => Box::new(serial::Serial::xz_threads(src, threads)?),
-            Codec::Bzip2 if threads > 1 => Box::new(ahead::Ahead::new(
+            Codec::Xz => Box::new(serial::Serial::xz_blocks(src, threads)?),
+            // On one core too: its pieces are the entry points.
+            Codec::Bzip2 => Box::new(ahead::Ahead::new(
                 Box::new(bzip2_blocks::Blocks::new(src)),
                 bzip2_blocks::decode_blocks(src),
                 threads,
                 ahead::BUDGET,
             )?),
-            Codec::Gzip | Codec::Bzip2 => self.start(src)?,
+            Codec::Gzip => self.start(src)?,
         })
     }
 
@@ -101,15 +97,15 @@ impl Codec {
         Ok(match self {
             Codec::Gzip => Box::new(gzip::Inflate::resume(src, p, window)?),
             Codec::Zstd => Box::new(zstd::Frames::resume(src, p)?),
-            Codec::Xz | Codec::Bzip2 => {
-                return Err(Error::corrupt("entry point in a serial-only format"))
-            }
+            Codec::Bzip2 => Box::new(bzip2_blocks::BlockRun::new(src, p)),
+            Codec::Xz => Box::new(xz::BlockRun::new(src, p)?),
         })
     }
 }
 
 /// A place where decoding can start: `output` bytes into the decoded stream, at byte
-/// `input` of the archive, after the last `bits` bits of the byte before it (gzip).
+/// `input` of the archive. `bits`: gzip, after the last `bits` bits of the byte before;
+/// bzip2, after the first `bits` bits of that byte; xz, the stream's check type.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Point {
     pub output: u64,
@@ -122,8 +118,11 @@ pub trait Decoder: Send {
     /// Decodes into `out`; returns early (possibly with 0 bytes) at an entry point, so
     /// the caller can record it. Fewer bytes than asked does not mean the end: `ended`.
     fn read(&mut self, out: &mut [u8]) -> Result<usize>;
-    /// The entry point the decoder is at, with its window, if it is at one.
-    fn point(&mut self) -> Option<(Point, Vec<u8>)>;
+    /// The entry point the decoder is at, with its window, if it is at one (asked of
+    /// the indexing pass's decoder only).
+    fn point(&mut self) -> Option<(Point, Vec<u8>)> {
+        None
+    }
     fn ended(&self) -> bool;
     /// Archive bytes consumed so far, for progress bars.
     fn input_pos(&self) -> u64;
@@ -446,7 +445,8 @@ impl Points {
                 None => p == Point::default(),
                 Some(q) => p.output > q.output && p.input >= q.input,
             };
-            if !ok || p.bits > 7 || p.output >= len.max(1) || p.input > archive_len {
+            let most_bits = if codec == Codec::Xz { 15 } else { 7 };
+            if !ok || p.bits > most_bits || p.output >= len.max(1) || p.input > archive_len {
                 return None;
             }
             pts.points.push(p);
@@ -472,7 +472,6 @@ pub struct Scan<'a> {
 
 struct ScanState<'a> {
     dec: Box<dyn Decoder>,
-    enterable: bool,
     src: Arc<Source>,
     /// Decoded bytes `[start, start + buf.len())`.
     buf: Vec<u8>,
@@ -518,7 +517,6 @@ impl<'a> Scan<'a> {
             src: src.clone(),
             state: Mutex::new(ScanState {
                 dec: codec.stream(src)?,
-                enterable: codec.enterable(),
                 src: src.clone(),
                 buf: Vec::new(),
                 start: 0,
@@ -624,10 +622,7 @@ impl ScanState<'_> {
             done += n;
             let at = self.start + (have + done) as u64;
             let last = self.points.points.last().map_or(0, |p| p.output);
-            if self.enterable
-                && at >= last + self.spacing
-                && self.dec.input_pos() >= self.next_input
-            {
+            if at >= last + self.spacing && self.dec.input_pos() >= self.next_input {
                 if let Some((p, w)) = self.dec.point() {
                     debug_assert_eq!(p.output, at);
                     self.thin(at, true)?;
@@ -998,7 +993,13 @@ impl Decoded {
         }
         let p = self.points.points[i];
         let stop = self.points.end_of(i);
-        let horizon = horizon.clamp(key + 1, stop);
+        // Only gzip's decoders are parked where they stop: other formats decode the
+        // whole stretch (a zstd frame, a bzip2 block), or each later read of it would
+        // decode from its start again (pzstd's frames: 33x the bytes read).
+        let horizon = match self.codec {
+            Codec::Gzip => horizon.clamp(key + 1, stop),
+            _ => stop,
+        };
         let (mut at, mut dec) = match self.parked.lock().pop(&i) {
             Some((at, d)) if at <= key => (at, d),
             other => {

@@ -1,7 +1,9 @@
-//! Formats read front to back only, for now: xz (liblzma) and bzip2. Their archives are
-//! served from a decoded copy ([`super::stage`]). liblzma decodes the blocks of a
-//! multi-block xz (`xz -T0`) on several threads.
+//! Whole-stream decoders for xz (liblzma) and bzip2: the indexing pass over an xz
+//! archive (liblzma decodes the blocks of a multi-block xz, `xz -T0`, on several
+//! threads, and the pass stops at each block for its entry point) and the decoding from
+//! the start of either.
 
+use super::xz::Block;
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
@@ -20,9 +22,10 @@ pub struct Serial {
     /// xz decoder threads; liblzma's threaded decoder reads one stream, so the next of
     /// concatenated streams gets a decoder of its own.
     threads: u32,
+    /// xz blocks, where a read stops so its entry point can be recorded.
+    blocks: Vec<Block>,
+    out: u64,
 }
-
-const XZ_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 
 fn xz_decoder(threads: u32) -> Result<liblzma::stream::Stream> {
     let s = if threads > 1 {
@@ -50,7 +53,31 @@ impl Serial {
             input: Input::new(src.clone(), 0),
             ended: false,
             threads,
+            blocks: Vec::new(),
+            out: 0,
         })
+    }
+
+    /// The pass over a whole xz archive, stopping at each block listed in its indexes.
+    /// Indexes it cannot read leave the archive without entry points (liblzma's decoder
+    /// judges the damage).
+    pub fn xz_blocks(src: &Arc<Source>, threads: usize) -> Result<Serial> {
+        let mut s = Serial::xz_threads(src, threads)?;
+        match super::xz::blocks(src) {
+            Ok(b) => s.blocks = b,
+            // Then a truncated or damaged archive, which the pass reports.
+            Err(e) => tracing::debug!(
+                "{}: {e}; its blocks are not entry points",
+                src.path().display()
+            ),
+        }
+        Ok(s)
+    }
+
+    /// The block starting at the decoded offset `at`, if one does.
+    fn block_at(&self, at: u64) -> Option<&Block> {
+        let i = self.blocks.partition_point(|b| b.output < at);
+        self.blocks.get(i).filter(|b| b.output == at)
     }
 
     pub fn bzip2(src: &Arc<Source>) -> Serial {
@@ -59,25 +86,19 @@ impl Serial {
             input: Input::new(src.clone(), 0),
             ended: false,
             threads: 1,
+            blocks: Vec::new(),
+            out: 0,
         }
     }
 
     /// After an xz stream decoded on threads: its padding, then another stream or the
     /// end.
     fn next_xz_stream(&mut self) -> Result<bool> {
-        let mut b = [0u8; 4096];
-        loop {
-            let n = self.input.peek(&mut b)?;
-            let zeros = b[..n].iter().take_while(|&&x| x == 0).count();
-            self.input.skip(zeros)?;
-            if zeros < n || n == 0 {
-                break;
-            }
-        }
+        super::xz::skip_padding(&mut self.input)?;
         let mut magic = [0u8; 6];
         match self.input.peek(&mut magic)? {
             0 => Ok(false),
-            6 if &magic == XZ_MAGIC => {
+            6 if &magic == super::xz::HEADER_MAGIC => {
                 self.engine = Engine::Xz(xz_decoder(self.threads)?);
                 Ok(true)
             }
@@ -91,6 +112,12 @@ impl Serial {
 
 impl Decoder for Serial {
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
+        // Up to the next block's start, so the caller can record it.
+        let next = self.blocks.partition_point(|b| b.output <= self.out);
+        let room = self.blocks.get(next).map_or(out.len(), |b| {
+            (b.output - self.out).min(out.len() as u64) as usize
+        });
+        let out = &mut out[..room];
         let mut done = 0;
         while done < out.len() && !self.ended {
             let (chunk, at_end) = self.input.chunk()?;
@@ -127,6 +154,7 @@ impl Decoder for Serial {
             };
             self.input.consume(used);
             done += made;
+            self.out += made as u64;
             if end {
                 // pbzip2 writes a stream per block; liblzma reads concatenated xz itself.
                 let mut magic = [0u8; 3];
@@ -149,7 +177,10 @@ impl Decoder for Serial {
     }
 
     fn point(&mut self) -> Option<(Point, Vec<u8>)> {
-        None
+        let b = self
+            .block_at(self.out)
+            .filter(|_| self.out > 0 && !self.ended)?;
+        Some((b.point(), Vec::new()))
     }
 
     fn ended(&self) -> bool {
