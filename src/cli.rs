@@ -135,7 +135,9 @@ struct ServeArgs {
     /// so a job script can write `MNT=$(archfs mount data.sqfs)`. Removed on unmount.
     #[arg(long)]
     auto_mountpoint: bool,
-    /// Show tar archives inside a tar archive as directories (named without `.tar`).
+    /// Show tar archives inside a tar archive as directories, named without `.tar`
+    /// (compressed ones too, inside a plain tar: without `.tar.gz`, `.tgz`, `.tar.zst`,
+    /// `.tar.xz`, `.tar.bz2`...).
     #[arg(long)]
     recursive: bool,
     /// Where a tar archive's index is saved and looked for [default: ARCHIVE.archfs-index

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use fuser::{Config, Session, SessionACL};
 
-use crate::archive::{self, Archive};
+use crate::archive::{self, Ahead, Archive};
 use crate::cache::CacheConfig;
 use crate::fuse::{ArchFs, Readdirplus};
 use crate::fuse_mount;
@@ -440,10 +440,11 @@ fn open_and_mount(
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
         Preload::Auto => {
+            archive.decode_ahead(Ahead::Far);
             let a = Arc::downgrade(&archive);
             let trigger = Trigger::new(archive.extents()).then(move || {
                 if let Some(a) = a.upgrade() {
-                    a.decode_ahead(true);
+                    a.decode_ahead(Ahead::Memory);
                 }
             });
             (Some(Arc::new(trigger)), None)
@@ -453,7 +454,7 @@ fn open_and_mount(
             if let Some(why) = &plan.skipped {
                 tracing::warn!("{why}");
             }
-            archive.decode_ahead(false);
+            archive.decode_ahead(Ahead::Any);
             (None, Some(plan))
         }
     };

@@ -604,3 +604,86 @@ fn preload_of_many_shards_copies_them_with_a_few_threads() {
     );
     check_shards(&m.path, &all, n, 8, "copied");
 }
+
+/// `--recursive` shows compressed tars inside a tar as directories (named without the
+/// suffix), each equal to `tar -x` of the member, from the first mount and from the
+/// saved index; members that only look like one stay files.
+#[test]
+fn recursive_opens_compressed_tars_inside_a_tar() {
+    let dir = TempDir::new("recursive-compressed");
+    let src = fixture(&dir);
+    let tar = pax_tar(&dir, &src);
+    let outer_src = dir.join("outer");
+    let shards = outer_src.join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    // (member, writer): every format, in place and staged (one zstd frame).
+    let members = [
+        ("a.tar.gz", "gzip -c"),
+        ("b.tgz", "pigz -p 2 -c"),
+        ("c.tar.zst", "pzstd -q -p 2 -c"),
+        ("d.tzst", "zstd -q --single-thread -c"),
+        ("e.tar.xz", "xz -T2 --block-size=300KiB -c"),
+        ("f.tar.bz2", "bzip2 -1 -c"),
+    ];
+    for (name, tool) in members {
+        compress(
+            &format!("{tool} < \"$IN\" > \"$OUT\""),
+            &tar,
+            &shards.join(name),
+        );
+    }
+    // Named like compressed tars, but not: a gzip of text, and text.
+    compress(
+        "gzip -c < \"$IN\" > \"$OUT\"",
+        &src.join("words.txt"),
+        &shards.join("g.tar.gz"),
+    );
+    std::fs::write(shards.join("h.tar.xz"), b"not compressed").unwrap();
+    let outer = dir.join("outer.tar");
+    tar_of(&outer_src, ".", &outer);
+    let ex = dir.join("x");
+    extract(&tar, &ex);
+    let mnt = dir.join("mnt");
+    // The inner tars' `./` gives each directory its attributes, as `tar -x` into it.
+    let opts = CompareOpts {
+        xattrs: true,
+        root_attrs: true,
+        ..CompareOpts::default()
+    };
+    for pass in ["indexed", "saved index"] {
+        let m = Mount::new(&outer, &mnt, &["--recursive", "--cache-size", "32M"]);
+        for (name, _) in members {
+            let stem = name.split('.').next().unwrap();
+            let inner = m.path.join("shards").join(stem);
+            assert!(
+                !m.path.join("shards").join(name).exists(),
+                "{name} ({pass})"
+            );
+            common::suite::check_mount(&ex, &inner, &opts, &format!("{name}, {pass}"));
+        }
+        for name in ["g.tar.gz", "h.tar.xz"] {
+            assert!(
+                std::fs::read(m.path.join("shards").join(name)).unwrap()
+                    == std::fs::read(shards.join(name)).unwrap(),
+                "{name} ({pass})"
+            );
+        }
+        drop(m);
+        let options = OpenOptions {
+            recursive: true,
+            ..OpenOptions::default()
+        };
+        let a = archive::open_with(&outer, &CacheConfig::default(), &options).unwrap();
+        assert!(
+            a.format().contains("6 compressed tars inside"),
+            "{}",
+            a.format()
+        );
+    }
+    // Without --recursive they are the files they are.
+    let m = Mount::new(&outer, &mnt, &[]);
+    assert!(
+        std::fs::read(m.path.join("shards/a.tar.gz")).unwrap()
+            == std::fs::read(shards.join("a.tar.gz")).unwrap()
+    );
+}

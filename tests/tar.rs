@@ -474,6 +474,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
             archfs::tar::BuildOptions::default(),
             None,
             None,
+            &archfs::tar::Decoding::default(),
         )
         .unwrap()
     };

@@ -199,7 +199,7 @@ fn read_file(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     SquashFs,
-    /// Indexed with `--recursive`, so nested tars are parsed too.
+    /// Indexed with `--recursive`, so nested tars (plain and compressed) are parsed too.
     Tar,
     /// A compressed tar (gzip, zstd, xz, bzip2, by its magic), entry points every 64 KiB.
     CompressedTar,
@@ -230,11 +230,19 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
         implied_gid: 0,
         implied_mtime: 0,
     };
+    // Compressed tars (the archive, or members of a plain one) decode to at most 64 MiB.
+    let how = crate::tar::Decoding {
+        spacing: 64 << 10,
+        cache_bytes: cache.total_bytes,
+        stage_dir: None,
+        limit: 64 << 20,
+    };
     let archive: Box<dyn Archive> = match format {
         Format::SquashFs => Box::new(crate::squashfs::SquashFs::open(source, &cache)?),
         Format::Tar => Box::new(crate::tar::TarArchive::build(
             std::sync::Arc::new(source),
             opts,
+            &how,
             &mut |_| {},
         )?),
         Format::CompressedTar => {
@@ -242,16 +250,10 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
             source.read_exact_at(0, &mut magic)?;
             let codec = crate::compressed::Codec::detect(&magic)
                 .ok_or_else(|| Error::Unsupported("no compressed format's magic".into()))?;
-            let how = crate::tar::Compressed {
-                codec,
-                spacing: 64 << 10,
-                cache_bytes: cache.total_bytes,
-                stage_dir: None,
-                limit: 64 << 20,
-            };
             Box::new(crate::tar::TarArchive::build_compressed(
                 std::sync::Arc::new(source),
                 opts,
+                codec,
                 &how,
                 &mut |_| {},
             )?)

@@ -113,8 +113,21 @@ pub trait Archive: Send + Sync {
     /// The byte ranges of the archive files that serving reads touches, metadata first.
     fn extents(&self) -> Vec<Extent>;
     /// `--preload` of a compressed archive: decode all of it in the background into a
-    /// copy reads are then served from (in memory only, if `memory_only`).
-    fn decode_ahead(&self, _memory_only: bool) {}
+    /// copy reads are then served from.
+    fn decode_ahead(&self, _which: Ahead) {}
+}
+
+/// Which compressed archives [`Archive::decode_ahead`] starts decoding, and where to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ahead {
+    /// Those whose reads would decode far (entry points over a MiB apart: xz and bzip2
+    /// blocks, pzstd frames), into memory if it fits: `--preload=auto` at mount, since
+    /// a read before the copy decodes a whole block or frame for one file.
+    Far,
+    /// All, into memory if it fits (`--preload=auto` once reads show an epoch).
+    Memory,
+    /// All, into memory if it fits, else onto --stage-dir (`--preload=always`).
+    Any,
 }
 
 /// Opens an archive, choosing the format by its content rather than its name.
@@ -136,6 +149,12 @@ pub fn open_with(
     if &magic == b"hsqs" {
         return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
     }
+    let how = crate::tar::Decoding {
+        spacing: options.spacing.unwrap_or(DEFAULT_SPACING),
+        cache_bytes: cache.total_bytes,
+        stage_dir: options.stage_dir.clone(),
+        limit: u64::MAX,
+    };
     if let Some(codec) = Codec::detect(&magic) {
         let source = Arc::new(source);
         if !decodes_to_tar(&source, codec) {
@@ -146,19 +165,13 @@ pub fn open_with(
                 codec.name()
             )));
         }
-        let how = crate::tar::Compressed {
-            codec,
-            spacing: options.spacing.unwrap_or(DEFAULT_SPACING),
-            cache_bytes: cache.total_bytes,
-            stage_dir: options.stage_dir.clone(),
-            limit: u64::MAX,
-        };
         let opts = tar_options(options, &source);
         return Ok(crate::tar::open(
             source,
             opts,
             options.index.as_deref(),
-            Some(&how),
+            Some(codec),
+            &how,
         )?);
     }
     if magic == [0x04, 0x22, 0x4d, 0x18] {
@@ -175,6 +188,7 @@ pub fn open_with(
             opts,
             options.index.as_deref(),
             None,
+            &how,
         )?);
     }
     Err(Error::Unsupported(format!(

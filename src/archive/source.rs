@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct Source {
     file: File,
+    /// Where this source starts in the file (a member of an archive: [`Source::slice`]).
+    base: u64,
     len: u64,
     mtime: i64,
     path: PathBuf,
@@ -41,6 +43,7 @@ impl Source {
         use std::os::unix::fs::MetadataExt;
         Ok(Source {
             file,
+            base: 0,
             len: meta.len(),
             mtime: meta.mtime(),
             path: path.to_owned(),
@@ -59,10 +62,26 @@ impl Source {
             .map_err(|e| Error::io(format!("cannot reopen {}", self.path.display()), e))?;
         Ok(Source {
             file,
+            base: self.base,
             len: self.len,
             mtime: self.mtime,
             path: self.path.clone(),
         })
+    }
+
+    /// Bytes `[at, at + len)` of this source as a source of its own, through a
+    /// descriptor of its own (a compressed tar inside a tar).
+    pub fn slice(&self, at: u64, len: u64) -> Result<Source> {
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::corrupt(format!(
+                "a member at {at} of {len} bytes is past the end of {}",
+                self.path.display()
+            )));
+        }
+        let mut s = self.reopen()?;
+        s.base += at;
+        s.len = len;
+        Ok(s)
     }
 
     /// Asks the kernel to start reading `[at, at + len)` into the page cache, without
@@ -73,7 +92,7 @@ impl Source {
         unsafe {
             libc::posix_fadvise(
                 self.file.as_raw_fd(),
-                at as libc::off_t,
+                (self.base + at) as libc::off_t,
                 len as libc::off_t,
                 libc::POSIX_FADV_WILLNEED,
             )
@@ -82,6 +101,11 @@ impl Source {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// Where this source starts in its file (0 unless it is a [`slice`](Self::slice)).
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// Modification time of the archive file (seconds).
@@ -108,7 +132,7 @@ impl Source {
                 self.len
             )));
         }
-        self.file.read_exact_at(buf, pos).map_err(|e| {
+        self.file.read_exact_at(buf, self.base + pos).map_err(|e| {
             Error::io(
                 format!("read at offset {pos} of {}", self.path.display()),
                 e,

@@ -257,9 +257,9 @@ impl Archive for Union {
         self.members.iter().flat_map(|m| m.extents()).collect()
     }
 
-    fn decode_ahead(&self, memory_only: bool) {
+    fn decode_ahead(&self, which: super::Ahead) {
         for m in &self.members {
-            m.decode_ahead(memory_only);
+            m.decode_ahead(which);
         }
     }
 }

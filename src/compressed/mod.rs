@@ -64,6 +64,24 @@ impl Codec {
         self as u8
     }
 
+    /// Entry points further apart than this make a read decode for too long (a tenth of
+    /// a second or so on one core: xz decodes ~40 MB/s, zstd ~1 GB/s): such an archive
+    /// (a zstd archive of one frame, `xz -T0`'s 24 MiB blocks) is served from a decoded
+    /// copy instead. pzstd's frames (a few MiB) and bzip2's blocks (900 kB) stay below.
+    fn max_stretch(self) -> u64 {
+        match self {
+            Codec::Gzip | Codec::Zstd => 32 << 20,
+            Codec::Xz | Codec::Bzip2 => 4 << 20,
+        }
+    }
+
+    /// The codec whose [`id`](Self::id) is `id`.
+    pub fn from_id(id: u8) -> Option<Codec> {
+        [Codec::Gzip, Codec::Zstd, Codec::Xz, Codec::Bzip2]
+            .into_iter()
+            .find(|c| c.id() == id)
+    }
+
     /// A decoder at the start of the archive.
     fn start(self, src: &Arc<Source>) -> Result<Box<dyn Decoder>> {
         Ok(match self {
@@ -456,11 +474,6 @@ impl Points {
     }
 }
 
-/// Entry points further apart than this (a zstd archive of one frame, xz, bzip2) make
-/// reads decode too far: such an archive is served from a decoded copy instead. pzstd's
-/// frames (a few MiB) stay below it.
-const MAX_STRETCH: u64 = 32 << 20;
-
 /// The indexing pass: the decoded stream front to back for the tar scan, which only
 /// moves forward, with a short stretch kept behind for its look-backs. Entry points are
 /// recorded every `spacing` bytes of output.
@@ -762,6 +775,10 @@ pub struct Decoded {
 
 const IDLE: usize = 16;
 
+/// Mean decoded bytes between entry points above which reads decode far
+/// ([`crate::archive::Ahead::Far`]).
+const FAR: u64 = 1 << 20;
+
 /// Decoded bytes between returns of the allocator's free pages to the system.
 const TRIM_EVERY: u64 = 64 << 20;
 
@@ -826,7 +843,7 @@ impl Decoded {
         let points = Arc::new(points);
         let spare = Arc::new(Mutex::new(Vec::new()));
         let spread = points.spacing.saturating_mul(4);
-        let stage_now = if points.widest() > MAX_STRETCH.max(spread)
+        let stage_now = if points.widest() > codec.max_stretch().max(spread)
             || (points.count() == 1 && points.len() > spread)
         {
             tracing::info!(
@@ -906,10 +923,13 @@ impl Decoded {
     /// Starts decoding the whole archive in the background, on every core from the
     /// entry points, into a copy later reads are served from; until a stretch is copied
     /// its reads decode it in place.
-    pub fn decode_ahead(&self, memory_only: bool) {
-        if self.stage.get().is_some() {
+    pub fn decode_ahead(&self, which: crate::archive::Ahead) {
+        use crate::archive::Ahead;
+        let far = self.points.len() / self.points.count() as u64 > FAR;
+        if self.stage.get().is_some() || (which == Ahead::Far && !far) {
             return;
         }
+        let memory_only = which != Ahead::Any;
         let threads = threads();
         match Stage::start_parallel(
             self.source.clone(),

@@ -7,8 +7,10 @@ use std::ops::Range;
 
 use super::column::Column;
 use super::header::{self, Header, BLOCK};
-use crate::archive::Kind;
-use crate::compressed::Bytes;
+use std::sync::Arc;
+
+use crate::archive::{Kind, Source};
+use crate::compressed::{Bytes, Codec, Points, Scan};
 use crate::error::{Error, Result};
 
 pub const NONE: u32 = u32::MAX;
@@ -326,8 +328,13 @@ struct RawEntry {
 
 /// Collects members as the headers are read, then sorts them into an [`Index`].
 pub struct Builder<'a> {
-    src: &'a dyn Bytes,
     opts: BuildOptions,
+    /// Compressed tars inside the archive (`--recursive`): how to open them, and those
+    /// opened so far. Members' data offsets carry their body in their top bits
+    /// ([`BODY_SHIFT`]; 0 is the archive's own stream).
+    members: Option<Members>,
+    bodies: Vec<Nested>,
+    body: u64,
     nodes: Vec<Node>,
     entries: Vec<RawEntry>,
     dirs: HashMap<Vec<u8>, u32>,
@@ -340,6 +347,79 @@ pub struct Builder<'a> {
     /// The end of the last member's data: past the archive's end means it is truncated.
     data_end: u64,
     progress: &'a mut dyn FnMut(u64),
+}
+
+/// Data offsets above this bit name the body they are in: 0 the archive's own tar
+/// stream, `k` the `k`-th compressed tar inside it (`--recursive`).
+pub const BODY_SHIFT: u32 = 48;
+
+/// The body and the offset within it of a member's data offset.
+pub fn body_of(data: u64) -> (usize, u64) {
+    (
+        (data >> BODY_SHIFT) as usize,
+        data & ((1 << BODY_SHIFT) - 1),
+    )
+}
+
+/// How compressed tars inside a plain archive are opened (`--recursive`).
+#[derive(Clone, Debug)]
+pub struct Members {
+    pub source: Arc<Source>,
+    /// Decoded bytes between entry points, and the most a member may decode to.
+    pub spacing: u64,
+    pub limit: u64,
+}
+
+impl Members {
+    /// The format of the member at `[at, at + len)` if it is a compressed tar.
+    fn tar_in(&self, at: u64, len: u64) -> Result<Option<Codec>> {
+        let mut magic = [0u8; 4];
+        if len < 4 {
+            return Ok(None);
+        }
+        self.source.read_exact_at(at, &mut magic)?;
+        let Some(codec) = Codec::detect(&magic) else {
+            return Ok(None);
+        };
+        let slice = Arc::new(self.source.slice(at, len)?);
+        let mut raw = [0u8; 512];
+        let ok = crate::compressed::first_bytes(&slice, codec, &mut raw).is_ok_and(|n| n == 512);
+        Ok(ok.then_some(codec).filter(|_| {
+            let h = Header::new(&raw);
+            !h.is_zero() && h.checksum_ok()
+        }))
+    }
+}
+
+/// A compressed tar inside the archive: where it is, and its entry points.
+pub struct Nested {
+    pub at: u64,
+    pub len: u64,
+    pub codec: Codec,
+    pub points: Points,
+}
+
+/// Names of compressed tars (`--recursive`) and the directory each is shown as.
+const COMPRESSED_TARS: [&str; 10] = [
+    ".tar.gz",
+    ".tgz",
+    ".tar.zst",
+    ".tar.zstd",
+    ".tzst",
+    ".tar.xz",
+    ".txz",
+    ".tar.bz2",
+    ".tbz2",
+    ".tbz",
+];
+
+/// The directory name of a member named like a compressed tar (`a.tar.gz`: `a`).
+fn compressed_stem(path: &[&[u8]]) -> Option<Vec<u8>> {
+    let name = path.last()?;
+    COMPRESSED_TARS.iter().find_map(|s| {
+        let stem = name.strip_suffix(s.as_bytes())?;
+        (!stem.is_empty()).then(|| stem.to_vec())
+    })
 }
 
 /// How deep tars nested in tars are opened as directories (`--recursive`); a deeper one is
@@ -377,7 +457,13 @@ fn new_encode_dev(major: u64, minor: u64) -> u32 {
 }
 
 impl<'a> Builder<'a> {
-    pub fn new(src: &'a dyn Bytes, opts: BuildOptions, progress: &'a mut dyn FnMut(u64)) -> Self {
+    /// `members`: how compressed tars inside a plain archive are opened with
+    /// `--recursive` (they are read from slices of its file).
+    pub fn new(
+        opts: BuildOptions,
+        members: Option<Members>,
+        progress: &'a mut dyn FnMut(u64),
+    ) -> Self {
         let root = Node {
             kind: kind_code(Kind::Dir),
             mode: 0o755,
@@ -390,8 +476,10 @@ impl<'a> Builder<'a> {
         let mut dirs = HashMap::new();
         dirs.insert(Vec::new(), ROOT);
         Builder {
-            src,
             opts,
+            members,
+            bodies: Vec::new(),
+            body: 0,
             nodes: vec![root],
             entries: Vec::new(),
             dirs,
@@ -442,18 +530,25 @@ impl<'a> Builder<'a> {
         });
     }
 
-    /// Reads the members of the tar stored at `[start, end)` of the source, placing them
+    /// Reads the members of the tar stored at `[start, end)` of `src`, placing them
     /// under `prefix`.
-    pub fn scan(&mut self, start: u64, end: u64, prefix: &[Vec<u8>], depth: u32) -> Result<()> {
+    pub fn scan(
+        &mut self,
+        src: &dyn Bytes,
+        start: u64,
+        end: u64,
+        prefix: &[Vec<u8>],
+        depth: u32,
+    ) -> Result<()> {
         let mut pos = start;
         let mut global: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut local: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
-        let mut reader = BlockReader::new(self.src);
+        let mut reader = BlockReader::new(src);
         loop {
             // A stream being decoded learns its length only at its end.
-            let end = end.min(self.src.len_within(pos + BLOCK)?);
+            let end = end.min(src.len_within(pos + BLOCK)?);
             if pos + BLOCK > end {
                 if pos == end {
                     break; // no end-of-archive blocks: accepted, like GNU tar
@@ -488,7 +583,7 @@ impl<'a> Builder<'a> {
                         "{what} of {size} bytes at offset {pos} is too large or truncated"
                     )));
                 }
-                self.src.read_vec(data_start, size as usize)
+                src.read_vec(data_start, size as usize)
             };
             match typeflag {
                 b'x' | b'g' => {
@@ -575,7 +670,7 @@ impl<'a> Builder<'a> {
             } else {
                 data_pos
             };
-            self.add_member(m, data_pos, stored, prefix, depth)?;
+            self.add_member(src, m, data_pos, stored, prefix, depth)?;
             pos = next;
         }
         Ok(())
@@ -648,6 +743,7 @@ impl<'a> Builder<'a> {
 
     fn add_member(
         &mut self,
+        src: &dyn Bytes,
         mut m: Member,
         data_pos: u64,
         stored: u64,
@@ -707,22 +803,30 @@ impl<'a> Builder<'a> {
             && depth < MAX_DEPTH
             && full[full.len() - 1].len() > 4
             && full[full.len() - 1].ends_with(b".tar")
-            && looks_like_tar(self.src, data_pos, stored)
+            && looks_like_tar(src, data_pos, stored)
         {
             let mut inner: Vec<Vec<u8>> = full.iter().map(|c| c.to_vec()).collect();
             if let Some(last) = inner.last_mut() {
                 last.truncate(last.len() - 4);
             }
-            let comps: Vec<&[u8]> = inner.iter().map(Vec::as_slice).collect();
-            let node = self.dir(&comps);
-            let n = &mut self.nodes[node as usize];
-            // The archive file's mode, with search permission wherever it is readable.
-            n.mode = ((m.mode & 0o7777) | ((m.mode & 0o444) >> 2)) as u16;
-            n.uid = m.uid as u32;
-            n.gid = m.gid as u32;
-            n.mtime = m.mtime;
-            n.mtime_nsec = m.mtime_nsec;
-            return self.scan(data_pos, data_pos + stored, &inner, depth + 1);
+            self.member_dir(&inner, &m);
+            return self.scan(src, data_pos, data_pos + stored, &inner, depth + 1);
+        }
+        // A compressed tar shown as a directory: read from a slice of the archive file,
+        // so only in a plain archive.
+        if self.opts.recursive && kind == Kind::File && m.sparse.is_none() && depth < MAX_DEPTH {
+            if let Some((members, stem)) = self.members.as_ref().zip(compressed_stem(&full)) {
+                if self.body == 0 {
+                    if let Some(codec) = members.tar_in(data_pos, stored)? {
+                        let mut inner: Vec<Vec<u8>> = full.iter().map(|c| c.to_vec()).collect();
+                        *inner.last_mut().unwrap() = stem;
+                        self.member_dir(&inner, &m);
+                        return self
+                            .scan_compressed(codec, data_pos, stored, &inner, depth + 1)
+                            .map_err(|e| Error::corrupt(format!("in the member {display}: {e}")));
+                    }
+                }
+            }
         }
         let xattrs = self.intern_xattrs(std::mem::take(&mut m.xattrs));
         let mut node = Node {
@@ -752,10 +856,10 @@ impl<'a> Builder<'a> {
             }
             Kind::BlockDev | Kind::CharDev => node.rdev = m.rdev,
             Kind::File => match m.sparse.take() {
-                Some(sp) => self.sparse_file(&mut node, sp, data_pos, stored, &display)?,
+                Some(sp) => self.sparse_file(src, &mut node, sp, data_pos, stored, &display)?,
                 None => {
                     node.size = stored;
-                    node.data = data_pos;
+                    node.data = self.body | data_pos;
                 }
             },
             _ => {}
@@ -766,8 +870,72 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// The directory an archive member is shown as, with the member's owner and times
+    /// and its mode, with search permission wherever it is readable.
+    fn member_dir(&mut self, path: &[Vec<u8>], m: &Member) {
+        let comps: Vec<&[u8]> = path.iter().map(Vec::as_slice).collect();
+        let node = self.dir(&comps);
+        let n = &mut self.nodes[node as usize];
+        n.mode = ((m.mode & 0o7777) | ((m.mode & 0o444) >> 2)) as u16;
+        n.uid = m.uid as u32;
+        n.gid = m.gid as u32;
+        n.mtime = m.mtime;
+        n.mtime_nsec = m.mtime_nsec;
+    }
+
+    /// Indexes the compressed tar stored at `[at, at + len)` of the archive as a body of
+    /// its own, decoding it once for its headers and entry points.
+    fn scan_compressed(
+        &mut self,
+        codec: Codec,
+        at: u64,
+        len: u64,
+        prefix: &[Vec<u8>],
+        depth: u32,
+    ) -> Result<()> {
+        let Some(members) = &self.members else {
+            return Ok(());
+        };
+        let (spacing, limit) = (members.spacing, members.limit);
+        let slice = Arc::new(members.source.slice(at, len)?);
+        let mut quiet = |_| {};
+        let scan = Scan::new(&slice, codec, spacing, limit, &mut quiet)?;
+        let id = self.bodies.len() as u64 + 1;
+        if id >= 1 << (64 - BODY_SHIFT) {
+            return Err(Error::Unsupported(
+                "more compressed tars inside the archive than archfs can open".into(),
+            ));
+        }
+        self.body = id << BODY_SHIFT;
+        let outer_end = std::mem::take(&mut self.data_end);
+        let scanned = self.scan(&scan, 0, u64::MAX >> 1, prefix, depth);
+        let data_end = std::mem::replace(&mut self.data_end, outer_end);
+        self.body = 0;
+        scanned?;
+        let points = scan.finish()?;
+        if data_end > points.len() {
+            return Err(Error::corrupt(format!(
+                "tar archive is truncated: its members reach {data_end} bytes, it has {}",
+                points.len()
+            )));
+        }
+        self.bodies.push(Nested {
+            at,
+            len,
+            codec,
+            points,
+        });
+        Ok(())
+    }
+
+    /// The compressed tars opened inside the archive, in body order (body 1 first).
+    pub fn take_bodies(&mut self) -> Vec<Nested> {
+        std::mem::take(&mut self.bodies)
+    }
+
     fn sparse_file(
         &mut self,
+        src: &dyn Bytes,
         node: &mut Node,
         mut sp: Sparse,
         mut data_pos: u64,
@@ -789,7 +957,7 @@ impl<'a> Builder<'a> {
                         "sparse map of {display} is truncated"
                     )));
                 }
-                partial.extend(self.src.read_vec(off, BLOCK as usize)?);
+                partial.extend(src.read_vec(off, BLOCK as usize)?);
                 off += BLOCK;
                 let Some(p) = partial.iter().rposition(|&b| b == b'\n') else {
                     continue;
@@ -833,7 +1001,7 @@ impl<'a> Builder<'a> {
                 self.segments.push(Segment {
                     offset,
                     len,
-                    archive_off: at,
+                    archive_off: self.body | at,
                 });
             }
             at += len;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use index::{kind_of, Index, Node, SPARSE};
 
 use crate::archive::{Archive, Attr, Buf, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
-use crate::compressed::{Codec, Decoded, Scan};
+use crate::compressed::{Codec, Decoded, Points, Scan};
 use crate::error::{Error, Result};
 
 pub use index::BuildOptions;
@@ -35,6 +35,8 @@ const IO_SIZE: u32 = 128 << 10;
 /// decoded view, which caches what it decodes.
 pub struct TarArchive {
     body: Body,
+    /// Compressed tars inside a plain one (`--recursive`), body 1 first.
+    nested: Vec<Body>,
     index: Index,
 }
 
@@ -78,36 +80,59 @@ impl Body {
     }
 }
 
-/// How a compressed archive is opened.
+/// How compressed data is decoded: a compressed archive's, and with `--recursive`
+/// compressed tars inside a plain one.
 #[derive(Clone, Debug)]
-pub struct Compressed {
-    pub codec: Codec,
+pub struct Decoding {
     /// Decoded bytes between entry points.
     pub spacing: u64,
-    /// The decoded-block cache.
+    /// The decoded-block cache (shared out among compressed tars inside an archive).
     pub cache_bytes: u64,
     /// Where a decoded copy goes when one is needed and memory is short.
     pub stage_dir: Option<std::path::PathBuf>,
-    /// Decoded bytes beyond which the archive is refused (the fuzz target's bound on a
+    /// Decoded bytes beyond which an archive is refused (the fuzz targets' bound on a
     /// decompression bomb; `u64::MAX` for users, whose disk is the bound).
     pub limit: u64,
 }
 
+impl Default for Decoding {
+    fn default() -> Decoding {
+        Decoding {
+            spacing: crate::archive::DEFAULT_SPACING,
+            cache_bytes: crate::cache::CacheConfig::default().total_bytes,
+            stage_dir: None,
+            limit: u64::MAX,
+        }
+    }
+}
+
 impl TarArchive {
-    /// Indexes the archive in one pass over its headers.
+    /// Indexes the archive in one pass over its headers (and, with `--recursive`, one
+    /// over each compressed tar inside it).
     pub fn build(
         source: Arc<Source>,
         opts: BuildOptions,
+        how: &Decoding,
         progress: &mut dyn FnMut(u64),
     ) -> Result<TarArchive> {
         let len = source.len();
-        let mut b = index::Builder::new(source.as_ref(), opts, progress);
-        b.scan(0, len, &[], 0)?;
+        let members = opts.recursive.then(|| index::Members {
+            source: source.clone(),
+            spacing: how.spacing,
+            limit: how.limit,
+        });
+        let mut b = index::Builder::new(opts, members, progress);
+        b.scan(source.as_ref(), 0, len, &[], 0)?;
+        let nested = b.take_bodies();
         let index = b.finish();
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        Ok(TarArchive::from_index(Body::Plain(source), index))
+        let nested = nested
+            .into_iter()
+            .map(|n| (n.at, n.len, n.codec, n.points))
+            .collect();
+        TarArchive::from_index(Body::Plain(source), nested, how, index)
     }
 
     /// Indexes a compressed archive in one pass that decodes it, recording entry points
@@ -115,14 +140,15 @@ impl TarArchive {
     pub fn build_compressed(
         source: Arc<Source>,
         opts: BuildOptions,
-        how: &Compressed,
+        codec: Codec,
+        how: &Decoding,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<TarArchive> {
         let (index, points) = {
-            let scan = Scan::new(&source, how.codec, how.spacing, how.limit, progress)?;
+            let scan = Scan::new(&source, codec, how.spacing, how.limit, progress)?;
             let mut quiet = |_| {};
-            let mut b = index::Builder::new(&scan, opts, &mut quiet);
-            b.scan(0, u64::MAX >> 1, &[], 0)?;
+            let mut b = index::Builder::new(opts, None, &mut quiet);
+            b.scan(&scan, 0, u64::MAX >> 1, &[], 0)?;
             let points = scan.finish()?;
             b.check_within(points.len())?;
             (b.finish(), points)
@@ -132,19 +158,36 @@ impl TarArchive {
         }
         let decoded = Decoded::new(
             source,
-            how.codec,
+            codec,
             points,
             how.cache_bytes,
             how.stage_dir.as_deref(),
         )?;
-        Ok(TarArchive::from_index(
-            Body::Decoded(Box::new(decoded)),
-            index,
-        ))
+        TarArchive::from_index(Body::Decoded(Box::new(decoded)), Vec::new(), how, index)
     }
 
-    pub fn from_index(body: Body, index: Index) -> TarArchive {
-        TarArchive { body, index }
+    /// `nested`: the compressed tars inside a plain archive, as (offset, length, format,
+    /// entry points); they share the decoded-block cache.
+    pub fn from_index(
+        body: Body,
+        nested: Vec<(u64, u64, Codec, Points)>,
+        how: &Decoding,
+        index: Index,
+    ) -> Result<TarArchive> {
+        let share = (how.cache_bytes / nested.len().max(1) as u64).max(4 << 20);
+        let nested = nested
+            .into_iter()
+            .map(|(at, len, codec, points)| {
+                let slice = Arc::new(body.source().slice(at, len)?);
+                let d = Decoded::new(slice, codec, points, share, how.stage_dir.as_deref())?;
+                Ok(Body::Decoded(Box::new(d)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(TarArchive {
+            body,
+            nested,
+            index,
+        })
     }
 
     pub fn body(&self) -> &Body {
@@ -187,12 +230,24 @@ impl TarArchive {
         }
     }
 
+    /// The body a member's data offset is in, and the offset within it.
+    fn body_at(&self, data: u64) -> Result<(&Body, u64)> {
+        match index::body_of(data) {
+            (0, at) => Ok((&self.body, at)),
+            (k, at) => self
+                .nested
+                .get(k - 1)
+                .map(|b| (b, at))
+                .ok_or_else(|| Error::corrupt("a member's data is in no archive")),
+        }
+    }
+
     fn read_sparse(&self, n: &Node, offset: u64, end: u64) -> Result<Data> {
         let map_end = self
             .index
             .sparse_map(n)
             .last()
-            .map_or(0, |s| s.archive_off + s.len);
+            .map_or(0, |s| index::body_of(s.archive_off + s.len).1);
         let mut out = Buf::take((end - offset) as usize);
         out.fill(0);
         let map = self.index.sparse_map(n);
@@ -203,8 +258,9 @@ impl TarArchive {
             }
             let lo = s.offset.max(offset);
             let hi = (s.offset + s.len).min(end);
-            self.body.read_into(
-                s.archive_off + (lo - s.offset),
+            let (body, at) = self.body_at(s.archive_off)?;
+            body.read_into(
+                at + (lo - s.offset),
                 &mut out[(lo - offset) as usize..(hi - offset) as usize],
                 map_end,
             )?;
@@ -233,8 +289,13 @@ impl Archive for TarArchive {
                 }
             ),
         };
+        let nested = match self.nested.len() {
+            0 => String::new(),
+            1 => ", 1 compressed tar inside".into(),
+            n => format!(", {n} compressed tars inside"),
+        };
         format!(
-            "tar{codec}, {} inodes, {} entries, index {} MiB",
+            "tar{codec}{nested}, {} inodes, {} entries, index {} MiB",
             self.index.node_count(),
             self.index.dirent_count(),
             self.index.heap_bytes() >> 20
@@ -288,8 +349,8 @@ impl Archive for TarArchive {
         if n.flags & SPARSE != 0 {
             return self.read_sparse(&n, offset, end);
         }
-        self.body
-            .read(n.data + offset, (end - offset) as usize, n.data + n.size)
+        let (body, at) = self.body_at(n.data)?;
+        body.read(at + offset, (end - offset) as usize, at + n.size)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -327,9 +388,11 @@ impl Archive for TarArchive {
         }]
     }
 
-    fn decode_ahead(&self, memory_only: bool) {
-        if let Body::Decoded(d) = &self.body {
-            d.decode_ahead(memory_only);
+    fn decode_ahead(&self, which: crate::archive::Ahead) {
+        for b in std::iter::once(&self.body).chain(&self.nested) {
+            if let Body::Decoded(d) = b {
+                d.decode_ahead(which);
+            }
         }
     }
 }
@@ -341,7 +404,8 @@ pub fn open(
     source: Arc<Source>,
     opts: BuildOptions,
     index_path: Option<&Path>,
-    compressed: Option<&Compressed>,
+    codec: Option<Codec>,
+    how: &Decoding,
 ) -> Result<Arc<TarArchive>> {
     debug_assert_eq!(ROOT_INO, 1);
     // The entry-point spacing is not part of it: an index built with another serves as
@@ -351,28 +415,27 @@ pub fn open(
         .map(Path::to_owned)
         .unwrap_or_else(|| persist::default_path(source.path()));
     let archive_len = source.len();
-    let saved = persist::load(&path, &id, |extra| match compressed {
-        None => extra.is_empty().then_some((None, archive_len)),
-        Some(c) => {
-            let points = crate::compressed::Points::decode(extra, c.codec, archive_len)?;
-            let len = points.len();
-            Some((Some(points), len))
-        }
+    let saved = persist::load(&path, &id, |extra| {
+        let (points, nested) = Under::decode(extra, codec, archive_len)?;
+        let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
+            .chain(nested.iter().map(|n| n.3.len()))
+            .collect();
+        Some(((points, nested), lens))
     });
     match saved {
-        Ok((index, points)) => {
+        Ok((index, (points, nested))) => {
             tracing::info!("using the saved index {}", path.display());
-            let body = match (compressed, points) {
-                (Some(c), Some(points)) => Body::Decoded(Box::new(Decoded::new(
+            let body = match (codec, points) {
+                (Some(codec), Some(points)) => Body::Decoded(Box::new(Decoded::new(
                     source,
-                    c.codec,
+                    codec,
                     points,
-                    c.cache_bytes,
-                    c.stage_dir.as_deref(),
+                    how.cache_bytes,
+                    how.stage_dir.as_deref(),
                 )?)),
                 _ => Body::Plain(source),
             };
-            return Ok(Arc::new(TarArchive::from_index(body, index)));
+            return Ok(Arc::new(TarArchive::from_index(body, nested, how, index)?));
         }
         Err(persist::Rejected::Missing) => {}
         Err(why) => tracing::warn!(
@@ -405,17 +468,14 @@ pub fn open(
             b.set_position(pos);
         }
     };
-    let archive = match compressed {
-        None => TarArchive::build(source, opts, &mut progress)?,
-        Some(c) => TarArchive::build_compressed(source, opts, c, &mut progress)?,
+    let archive = match codec {
+        None => TarArchive::build(source, opts, how, &mut progress)?,
+        Some(c) => TarArchive::build_compressed(source, opts, c, how, &mut progress)?,
     };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let extra = match &archive.body {
-        Body::Plain(_) => Vec::new(),
-        Body::Decoded(d) => d.points().encode(d.codec()),
-    };
+    let extra = Under::encode(&archive);
     tracing::info!(
         "indexed {} entries in {:.2} s",
         archive.index.dirent_count(),
@@ -430,4 +490,66 @@ pub fn open(
     // SAFETY: malloc_trim has no preconditions.
     unsafe { libc::malloc_trim(0) };
     Ok(Arc::new(archive))
+}
+
+/// The index file's section for what lies under the tar stream: the compressed tars
+/// inside a plain archive (offset, length, entry points), then the archive's own entry
+/// points if it is compressed.
+struct Under;
+
+type NestedPoints = Vec<(u64, u64, Codec, Points)>;
+
+impl Under {
+    fn encode(a: &TarArchive) -> Vec<u8> {
+        let mut o = Vec::new();
+        o.extend_from_slice(&(a.nested.len() as u32).to_le_bytes());
+        for b in &a.nested {
+            if let Body::Decoded(d) = b {
+                let p = d.points().encode(d.codec());
+                o.extend_from_slice(&d.source().base().to_le_bytes());
+                o.extend_from_slice(&d.source().len().to_le_bytes());
+                o.extend_from_slice(&(p.len() as u64).to_le_bytes());
+                o.extend_from_slice(&p);
+            }
+        }
+        if let Body::Decoded(d) = &a.body {
+            o.extend_from_slice(&d.points().encode(d.codec()));
+        }
+        o
+    }
+
+    /// What [`encode`](Self::encode) wrote, if it fits an archive of `archive_len`
+    /// bytes in `codec` (`None`: a plain tar).
+    fn decode(
+        b: &[u8],
+        codec: Option<Codec>,
+        archive_len: u64,
+    ) -> Option<(Option<Points>, NestedPoints)> {
+        let mut r = b;
+        let mut take = |n: u64| -> Option<&[u8]> {
+            let (h, t) = r.split_at_checked(usize::try_from(n).ok()?)?;
+            r = t;
+            Some(h)
+        };
+        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+        let count = u32::from_le_bytes(take(4)?.try_into().unwrap());
+        if count as usize > b.len() / 24 || (count > 0 && codec.is_some()) {
+            return None;
+        }
+        let mut nested = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (at, len, n) = (u64_(take(8)?), u64_(take(8)?), u64_(take(8)?));
+            let blob = take(n)?;
+            let c = Codec::from_id(*blob.first()?)?;
+            if at.checked_add(len)? > archive_len {
+                return None;
+            }
+            nested.push((at, len, c, Points::decode(blob, c, len)?));
+        }
+        let points = match codec {
+            None => r.is_empty().then_some(None)?,
+            Some(c) => Some(Points::decode(r, c, archive_len)?),
+        };
+        Some((points, nested))
+    }
 }

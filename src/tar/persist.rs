@@ -14,9 +14,10 @@ use crate::archive::{Kind, Source};
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
-/// 3: a section for the decoder's entry points; 2: packed columns (1 had fixed 56-byte
-/// nodes and 16-byte entries).
-const VERSION: u32 = 3;
+/// 4: compressed tars inside the archive in that section; 3: a section for the
+/// decoder's entry points; 2: packed columns (1 had fixed 56-byte nodes and 16-byte
+/// entries).
+const VERSION: u32 = 4;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +225,7 @@ pub enum Rejected {
 pub fn load<T>(
     path: &Path,
     id: &Identity,
-    extra: impl FnOnce(&[u8]) -> Option<(T, u64)>,
+    extra: impl FnOnce(&[u8]) -> Option<(T, Vec<u64>)>,
 ) -> std::result::Result<(Index, T), Rejected> {
     let file = std::fs::File::open(path).map_err(|_| Rejected::Missing)?;
     let len = file.metadata().map_err(|_| Rejected::Missing)?.len();
@@ -261,8 +262,8 @@ pub fn load<T>(
     if r.crc.finalize() != u32::from_le_bytes(crc) {
         return Err(Rejected::Corrupt);
     }
-    let (under, len) = extra(&under).ok_or(Rejected::Corrupt)?;
-    if !valid(&index, len) {
+    let (under, lens) = extra(&under).ok_or(Rejected::Corrupt)?;
+    if !valid(&index, &lens) {
         return Err(Rejected::Corrupt);
     }
     Ok((index, under))
@@ -346,7 +347,13 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
 
 /// Every offset and range in the index points inside the index or the archive, so a
 /// CRC-valid file from somewhere else still cannot make a lookup index out of bounds.
-fn valid(ix: &Index, archive_len: u64) -> bool {
+fn valid(ix: &Index, lens: &[u64]) -> bool {
+    // Data offsets name their body in their top bits: a range must lie within it.
+    let in_body = |at: u64, len: u64| {
+        let (body, at) = super::index::body_of(at);
+        lens.get(body)
+            .is_some_and(|&l| at.checked_add(len).is_some_and(|e| e <= l))
+    };
     let in_range =
         |off: u64, len: u64, total: usize| off.checked_add(len).is_some_and(|e| e <= total as u64);
     let columns_fit = [&ix.size, &ix.data, &ix.mtime, &ix.nsec, &ix.meta]
@@ -378,8 +385,7 @@ fn valid(ix: &Index, archive_len: u64) -> bool {
             Kind::File if m.flags & SPARSE != 0 => (data as usize) < ix.sparse.len(),
             Kind::File => data
                 .checked_mul(1 << ix.file_shift)
-                .and_then(|d| d.checked_add(size))
-                .is_some_and(|e| e <= archive_len),
+                .is_some_and(|d| in_body(d, size)),
             _ => true,
         }
     });
@@ -393,10 +399,8 @@ fn valid(ix: &Index, archive_len: u64) -> bool {
     sparse_ok
         && nodes_ok
         && names_ok
-        && ix.segments.iter().all(|s| {
-            s.archive_off
-                .checked_add(s.len)
-                .is_some_and(|e| e <= archive_len)
-                && s.offset.checked_add(s.len).is_some()
-        })
+        && ix
+            .segments
+            .iter()
+            .all(|s| in_body(s.archive_off, s.len) && s.offset.checked_add(s.len).is_some())
 }
