@@ -148,8 +148,8 @@ struct ServeArgs {
     /// reads, so a first epoch's shuffled reads find them in memory: `auto` once 128 files
     /// have been read, `always` (bare `--preload`) once mounted, or `never`. The data is
     /// left out when it would not fit in free memory. A compressed tar is also decoded
-    /// ahead, on every core, into a copy in memory (with `always`, on --stage-dir when it
-    /// does not fit).
+    /// ahead, on every core, into a copy in memory (with `auto`, from mount when its entry
+    /// points are over a MiB apart; with `always`, on --stage-dir when it does not fit).
     #[arg(
         long,
         value_enum,
@@ -172,8 +172,8 @@ struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "128K", value_parser = parse_size)]
     entry_spacing: u64,
     /// Where the decoded copy of a compressed tar goes when it does not fit in memory: one
-    /// that cannot be read in place (xz, bzip2, zstd in one frame), or any with
-    /// `--preload=always` [default: $TMPDIR, else /tmp].
+    /// that cannot be read in place (zstd in one frame, xz in one block or in blocks over
+    /// 4 MiB), or any with `--preload=always` [default: $TMPDIR, else /tmp].
     #[arg(long, value_name = "DIR")]
     stage_dir: Option<PathBuf>,
 }
