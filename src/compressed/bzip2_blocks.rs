@@ -397,19 +397,7 @@ mod tests {
     /// Text in some stretches, noise in others: blocks of different lengths, magics at
     /// every bit offset.
     fn data(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                if (i >> 15) % 3 == 0 {
-                    x as u8
-                } else {
-                    b"bzip2 blocks\n"[(x % 13) as usize]
-                }
-            })
-            .collect()
+        crate::compressed::mixed(len, seed, 15, b"bzip2 blocks\n")
     }
 
     fn decode_all(bytes: &[u8], name: &str) -> Result<(Vec<u8>, usize)> {

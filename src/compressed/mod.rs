@@ -158,6 +158,25 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
+/// Test data: noise in one of every three stretches of `1 << shift` bytes, `text`'s
+/// letters in the others, so compressors write blocks of every kind and length.
+#[cfg(test)]
+fn mixed(len: usize, seed: u64, shift: u32, text: &[u8]) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if (i >> shift) % 3 == 0 {
+                x as u8
+            } else {
+                text[(x % text.len() as u64) as usize]
+            }
+        })
+        .collect()
+}
+
 /// Fills `out` completely unless the stream ends first; returns the bytes written.
 fn fill(dec: &mut dyn Decoder, out: &mut [u8]) -> Result<usize> {
     let mut done = 0;

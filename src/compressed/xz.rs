@@ -387,6 +387,93 @@ impl Decoder for BlockRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compressed::fill;
+
+    /// xz of `data` in blocks of `block` bytes, with `check` (liblzma's threaded encoder,
+    /// as `xz -T0`).
+    fn xz(data: &[u8], block: u64, check: liblzma::stream::Check) -> Vec<u8> {
+        let mut b = liblzma::stream::MtStreamBuilder::new();
+        b.threads(2).block_size(block).preset(1).check(check);
+        let mut s = b.encoder().unwrap();
+        let mut out = Vec::with_capacity(data.len() + 4096);
+        let mut input = data;
+        loop {
+            let before = s.total_in();
+            out.reserve(1 << 20);
+            let st = s
+                .process_vec(input, &mut out, liblzma::stream::Action::Finish)
+                .unwrap();
+            input = &input[(s.total_in() - before) as usize..];
+            if st == Status::StreamEnd {
+                return out;
+            }
+        }
+    }
+
+    /// Text and noise, so blocks decode to LZMA chunks and stored chunks.
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        crate::compressed::mixed(len, seed, 14, b"xz blocks\n")
+    }
+
+    fn source(bytes: &[u8], name: &str) -> Arc<Source> {
+        let path = std::env::temp_dir().join(format!("archfs-xz-{}-{name}", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let src = Arc::new(Source::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        src
+    }
+
+    /// Two streams (different checks) with stream padding between: the blocks from their
+    /// indexes, and every block decoded on from its own header to the archive's end.
+    #[test]
+    fn every_block_of_every_stream_decodes_from_its_header() {
+        use liblzma::stream::Check;
+        let (a, b) = (data(700_000, 1), data(500_000, 2));
+        let mut bytes = xz(&a, 100_000, Check::Crc64);
+        bytes.extend_from_slice(&[0; 8]);
+        bytes.extend(xz(&b, 64 << 10, Check::Sha256));
+        let src = source(&bytes, "streams");
+        let found = blocks(&src).unwrap();
+        let want: Vec<u64> = (0..7)
+            .map(|i| i * 100_000)
+            .chain((0..8).map(|i| 700_000 + i * (64 << 10)))
+            .collect();
+        assert_eq!(found.iter().map(|b| b.output).collect::<Vec<_>>(), want);
+        assert_eq!(found[0].check, 4);
+        assert_eq!(found[7].check, 10);
+        let whole: Vec<u8> = [a, b].concat();
+        for blk in &found {
+            let mut d = BlockRun::new(&src, &blk.point()).unwrap();
+            let mut out = vec![0u8; whole.len() - blk.output as usize];
+            assert_eq!(fill(&mut d, &mut out).unwrap(), out.len(), "{blk:?}");
+            assert!(
+                out == whole[blk.output as usize..],
+                "block at {}",
+                blk.output
+            );
+            assert!(d.read(&mut [0u8; 16]).unwrap() == 0 && d.ended());
+        }
+    }
+
+    /// Any byte of the stream footer, index or header damaged, or the archive cut
+    /// anywhere: an error (or blocks a read then checks), never a panic.
+    #[test]
+    fn damaged_indexes_and_truncation_are_errors() {
+        let bytes = xz(&data(300_000, 3), 50_000, liblzma::stream::Check::Crc32);
+        let good = blocks(&source(&bytes, "good")).unwrap();
+        for at in (0..bytes.len()).rev().take(200).chain(0..40) {
+            let mut b = bytes.clone();
+            b[at] ^= 0x41;
+            let got = blocks(&source(&b, "bad"));
+            assert!(got.is_err() || got.unwrap() == good, "byte {at}");
+        }
+        for cut in [1, 11, 12, 13, 100, bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                blocks(&source(&bytes[..cut], "cut")).is_err(),
+                "cut at {cut}"
+            );
+        }
+    }
 
     #[test]
     fn vli_round_trips_and_refuses_overlong_forms() {
