@@ -605,6 +605,38 @@ fn preload_of_many_shards_copies_them_with_a_few_threads() {
     check_shards(&m.path, &all, n, 8, "copied");
 }
 
+/// Shards in one zstd frame each (`tar --zstd`): every one served from its decoded copy,
+/// a few decoding at once, a read of a shard not yet copied putting its copy first.
+#[test]
+fn single_frame_shards_are_copied_a_few_at_a_time() {
+    let dir = TempDir::new("staged-shards");
+    // 30 files make a shard of ~1.3 MB: too far to read in place from its one frame.
+    let n = 16;
+    let (shards, all) = shards(&dir, n, 30, &["zstd -q --single-thread -c"]);
+    let log = dir.join("log");
+    let mnt = dir.join("mnt");
+    let m = Mount::new(
+        &shards,
+        &mnt,
+        &["--preload=never", "--debug", "--log", log.to_str().unwrap()],
+    );
+    // The last shard first: its copy may still be queued behind the others.
+    for s in (0..n).rev() {
+        let rel = format!("part{s:02}/29.txt");
+        assert!(
+            std::fs::read(m.path.join(&rel)).unwrap() == std::fs::read(all.join(&rel)).unwrap(),
+            "{rel}"
+        );
+    }
+    check_shards(&m.path, &all, n, 30, "staged");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(120, || read_log().matches("decoded copy of").count() >= n),
+        "not every shard was copied: {}",
+        read_log()
+    );
+}
+
 /// `--recursive` shows compressed tars inside a tar as directories (named without the
 /// suffix), each equal to `tar -x` of the member, from the first mount and from the
 /// saved index; members that only look like one stay files.

@@ -28,6 +28,8 @@ pub struct Stage {
     /// Parallel copies: the state of each stretch between entry points ([`FREE`],
     /// [`BUSY`], [`COPIED`], [`FAILED`]).
     copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
+    /// A reader waits on this front-to-back copy: it goes before the others queued.
+    urgent: std::sync::atomic::AtomicBool,
     /// Threads still copying, whether the copy's end was told, its length and start.
     running: AtomicUsize,
     done: std::sync::atomic::AtomicBool,
@@ -50,11 +52,28 @@ impl Stage {
         points: Arc<Points>,
         dir: Option<&Path>,
     ) -> Result<Arc<Stage>> {
-        let stage = Arc::new(Stage::new(points.len(), dir, None)?);
+        // Reserved like a parallel copy's, so the copies of many shards together decide
+        // between memory and disk.
+        let len = points.len();
+        let pending = PENDING.fetch_add(len, Ordering::AcqRel) + len;
+        let stage = match Stage::new(len, pending, dir, None) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                PENDING.fetch_sub(len, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
         let s = stage.clone();
-        spawn(&stage, "archfs-stage", source.clone(), move || {
-            s.copy(&source, codec, &points)
-        })?;
+        let spawned = spawn(&stage, "archfs-stage", source.clone(), move || {
+            let _slot = Slot::take(&s);
+            let copied = s.copy(&source, codec, &points);
+            PENDING.fetch_sub(len, Ordering::AcqRel);
+            copied
+        });
+        if let Err(e) = spawned {
+            PENDING.fetch_sub(len, Ordering::AcqRel);
+            return Err(e);
+        }
         Ok(stage)
     }
 
@@ -78,7 +97,7 @@ impl Stage {
             return Ok(None);
         }
         let copied = (0..points.count()).map(|_| AtomicU8::new(FREE)).collect();
-        let stage = match Stage::new(len, dir, Some((points, copied))) {
+        let stage = match Stage::new(len, pending, dir, Some((points, copied))) {
             Ok(s) => Arc::new(s),
             Err(e) => {
                 PENDING.fetch_sub(len, Ordering::AcqRel);
@@ -102,12 +121,15 @@ impl Stage {
         Ok(Some(stage))
     }
 
+    /// `room`: the memory the copies under way, this one's included, are to take: in a
+    /// memfd if that fits.
     fn new(
         len: u64,
+        room: u64,
         dir: Option<&Path>,
         copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     ) -> Result<Stage> {
-        let file = match (fits(len), dir) {
+        let file = match (fits(room), dir) {
             (true, None) => memfd().or_else(|_| temp_file(&default_dir()))?,
             (_, Some(d)) => temp_file(d)?,
             (false, None) => temp_file(&default_dir())?,
@@ -117,6 +139,7 @@ impl Stage {
             progress: Mutex::new(Progress::default()),
             moved: Condvar::new(),
             copied,
+            urgent: Default::default(),
             running: AtomicUsize::new(0),
             done: Default::default(),
             len,
@@ -289,6 +312,9 @@ impl Stage {
             if let Some(e) = &p.failed {
                 return Err(Error::corrupt(format!("the decoded copy failed: {e}")));
             }
+            if !self.urgent.swap(true, Ordering::AcqRel) {
+                Slot::hurry();
+            }
             self.moved.wait(&mut p);
         }
         drop(p);
@@ -327,6 +353,58 @@ fn spawn(
             stage.running.fetch_sub(1, Ordering::Relaxed);
             Error::io("cannot start the decoding thread", e)
         })
+}
+
+/// One of the few front-to-back copies that decode at once (a thread a core): a union of
+/// hundreds of single-frame zstd shards would otherwise decode them all at the same time
+/// from mount, each with its decoder's window (MiBs). A copy a reader waits on goes
+/// first; the others in the order they were queued.
+struct Slot;
+
+struct Slots {
+    running: usize,
+    waiting: Vec<Arc<Stage>>,
+}
+
+static SLOTS: Mutex<Slots> = Mutex::new(Slots {
+    running: 0,
+    waiting: Vec::new(),
+});
+static SLOT_FREED: Condvar = Condvar::new();
+
+impl Slot {
+    fn take(stage: &Arc<Stage>) -> Slot {
+        let mut s = SLOTS.lock();
+        s.waiting.push(stage.clone());
+        loop {
+            if s.running < super::threads() {
+                let next = s
+                    .waiting
+                    .iter()
+                    .position(|w| w.urgent.load(Ordering::Acquire))
+                    .unwrap_or(0);
+                if Arc::ptr_eq(&s.waiting[next], stage) {
+                    s.waiting.remove(next);
+                    s.running += 1;
+                    return Slot;
+                }
+            }
+            SLOT_FREED.wait(&mut s);
+        }
+    }
+
+    /// A copy became urgent: the queue's order changed.
+    fn hurry() {
+        let _s = SLOTS.lock();
+        SLOT_FREED.notify_all();
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        SLOTS.lock().running -= 1;
+        SLOT_FREED.notify_all();
+    }
 }
 
 /// A parallel copy, queued for the copying threads.
@@ -436,4 +514,71 @@ fn temp_file(dir: &Path) -> Result<File> {
         })?;
     let _ = std::fs::remove_file(&path);
     Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn stage() -> Arc<Stage> {
+        Arc::new(Stage::new(1, 1, None, None).unwrap())
+    }
+
+    /// At most a thread a core decodes a front-to-back copy at once; a copy a reader
+    /// waits on goes before those queued earlier.
+    #[test]
+    fn slots_bound_the_copies_and_an_urgent_one_goes_first() {
+        let cores = crate::compressed::threads();
+        let (held_tx, held_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = Arc::new(Mutex::new(go_rx));
+        let holders: Vec<_> = (0..cores)
+            .map(|_| {
+                let (held, go) = (held_tx.clone(), go_rx.clone());
+                std::thread::spawn(move || {
+                    let s = stage();
+                    let _slot = Slot::take(&s);
+                    held.send(()).unwrap();
+                    go.lock().recv().unwrap();
+                })
+            })
+            .collect();
+        for _ in 0..cores {
+            held_rx.recv().unwrap();
+        }
+        // Two more queue behind them, the second made urgent.
+        let (order_tx, order_rx) = mpsc::channel();
+        let (a, b) = (stage(), stage());
+        let queue = |s: Arc<Stage>, name: &'static str| {
+            let order = order_tx.clone();
+            std::thread::spawn(move || {
+                let _slot = Slot::take(&s);
+                order.send(name).unwrap();
+            })
+        };
+        let ta = queue(a.clone(), "a");
+        while SLOTS.lock().waiting.iter().all(|w| !Arc::ptr_eq(w, &a)) {
+            std::thread::yield_now();
+        }
+        let tb = queue(b.clone(), "b");
+        while SLOTS.lock().waiting.iter().all(|w| !Arc::ptr_eq(w, &b)) {
+            std::thread::yield_now();
+        }
+        assert!(
+            order_rx.try_recv().is_err(),
+            "a copy started beyond the slots"
+        );
+        b.urgent.store(true, Ordering::Release);
+        Slot::hurry();
+        go_tx.send(()).unwrap();
+        assert_eq!(order_rx.recv().unwrap(), "b");
+        for _ in 1..cores {
+            go_tx.send(()).unwrap();
+        }
+        assert_eq!(order_rx.recv().unwrap(), "a");
+        for t in holders.into_iter().chain([ta, tb]) {
+            t.join().unwrap();
+        }
+    }
 }
