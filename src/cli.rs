@@ -58,17 +58,36 @@ enum Cmd {
         command: Vec<OsString>,
     },
     /// Show the archive's format and totals.
-    Info { archive: PathBuf },
+    Info {
+        archive: PathBuf,
+        /// As a mount with --recursive shows it.
+        #[arg(long)]
+        recursive: bool,
+    },
     /// List a directory inside the archive without mounting it.
     Ls {
         archive: PathBuf,
         #[arg(default_value = "/")]
         path: PathBuf,
+        /// As a mount with --recursive shows it.
+        #[arg(long)]
+        recursive: bool,
     },
     /// Write a file from the archive to standard output without mounting it.
-    Cat { archive: PathBuf, path: PathBuf },
+    Cat {
+        archive: PathBuf,
+        path: PathBuf,
+        /// As a mount with --recursive shows it.
+        #[arg(long)]
+        recursive: bool,
+    },
     /// Read every directory, inode, file, symlink and xattr; report damage (exit 1 if any).
-    Check { archive: PathBuf },
+    Check {
+        archive: PathBuf,
+        /// As a mount with --recursive shows it.
+        #[arg(long)]
+        recursive: bool,
+    },
     /// Print a shell completion script: `archfs completions bash > ~/.local/share/bash-completion/completions/archfs`.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page in roff: `archfs man | man -l -`, or `archfs man mount`.
@@ -307,8 +326,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             serve,
             command,
         } => Ok(job::run(&settings(&paths, &serve)?, &command)?),
-        Cmd::Info { archive } => {
-            let a = archive::open(&archive, &CacheConfig::default())?;
+        Cmd::Info { archive, recursive } => {
+            let a = inspect(&archive, recursive)?;
             let s = a.stats();
             println!("format:     {}", a.format());
             println!("size:       {} bytes", s.bytes);
@@ -316,8 +335,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             println!("block size: {}", s.block_size);
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Ls { archive, path } => {
-            let a = archive::open(&archive, &CacheConfig::default())?;
+        Cmd::Ls {
+            archive,
+            path,
+            recursive,
+        } => {
+            let a = inspect(&archive, recursive)?;
             let attr = archive::resolve(&*a, &path)?;
             let mut out = std::io::stdout().lock();
             let entries = if attr.kind == Kind::Dir {
@@ -349,8 +372,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Cat { archive, path } => {
-            let a = archive::open(&archive, &CacheConfig::default())?;
+        Cmd::Cat {
+            archive,
+            path,
+            recursive,
+        } => {
+            let a = inspect(&archive, recursive)?;
             let attr = archive::resolve(&*a, &path)?;
             let mut out = std::io::stdout().lock();
             let mut off = 0;
@@ -364,8 +391,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Check { archive } => {
-            let a = archive::open(&archive, &CacheConfig::default())?;
+        Cmd::Check { archive, recursive } => {
+            let a = inspect(&archive, recursive)?;
             let r = archive::check::check(&*a, archive::check::Limits::ALL);
             let mut out = std::io::stdout().lock();
             for line in &r.damaged {
@@ -476,6 +503,19 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         },
         debug: serve.debug,
     })
+}
+
+/// Opens an archive for an inspection command, as a mount with the same `--recursive`
+/// shows it.
+fn inspect(
+    path: &std::path::Path,
+    recursive: bool,
+) -> crate::error::Result<std::sync::Arc<dyn archive::Archive>> {
+    let options = archive::OpenOptions {
+        recursive,
+        ..archive::OpenOptions::default()
+    };
+    archive::open_with(path, &CacheConfig::default(), &options)
 }
 
 #[cfg(test)]
