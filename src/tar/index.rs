@@ -335,6 +335,8 @@ pub struct Builder<'a> {
     members: Option<Members>,
     bodies: Vec<Nested>,
     body: u64,
+    /// Where the compressed member being scanned starts in the archive.
+    member_at: u64,
     nodes: Vec<Node>,
     entries: Vec<RawEntry>,
     dirs: HashMap<Vec<u8>, u32>,
@@ -480,6 +482,7 @@ impl<'a> Builder<'a> {
             members,
             bodies: Vec::new(),
             body: 0,
+            member_at: 0,
             nodes: vec![root],
             entries: Vec::new(),
             dirs,
@@ -569,7 +572,9 @@ impl<'a> Builder<'a> {
                      there (check it with `tar -tvf`)"
                 )));
             }
-            (self.progress)(pos);
+            // Inside a compressed member, offsets are decoded ones: the member's place in
+            // the archive stands for them.
+            (self.progress)(if self.body == 0 { pos } else { self.member_at });
             let size = h.size()?;
             let data_start = pos + BLOCK;
             let typeflag = h.typeflag();
@@ -907,6 +912,7 @@ impl<'a> Builder<'a> {
             ));
         }
         self.body = id << BODY_SHIFT;
+        self.member_at = at;
         let outer_end = std::mem::take(&mut self.data_end);
         let scanned = self.scan(&scan, 0, u64::MAX >> 1, prefix, depth);
         let data_end = std::mem::replace(&mut self.data_end, outer_end);
