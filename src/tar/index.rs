@@ -373,8 +373,8 @@ pub struct Members {
 }
 
 impl Members {
-    /// The format of the member at `[at, at + len)` if it is a compressed tar.
-    fn tar_in(&self, at: u64, len: u64) -> Result<Option<Codec>> {
+    /// The member at `[at, at + len)` if it is a compressed tar.
+    fn tar_in(&self, at: u64, len: u64) -> Result<Option<Found>> {
         let mut magic = [0u8; 4];
         if len < 4 {
             return Ok(None);
@@ -385,12 +385,27 @@ impl Members {
         };
         let slice = Arc::new(self.source.slice(at, len)?);
         let mut raw = [0u8; 512];
-        let ok = crate::compressed::first_bytes(&slice, codec, &mut raw).is_ok_and(|n| n == 512);
-        Ok(ok.then_some(codec).filter(|_| {
-            let h = Header::new(&raw);
-            !h.is_zero() && h.checksum_ok()
+        let ok = crate::compressed::first_bytes(&slice, codec, &mut raw).is_ok_and(|n| n == 512)
+            && !Header::new(&raw).is_zero()
+            && Header::new(&raw).checksum_ok();
+        Ok(ok.then(|| Found {
+            codec,
+            source: slice,
+            at,
+            spacing: self.spacing,
+            limit: self.limit,
         }))
     }
+}
+
+/// A compressed tar inside the archive, found and about to be indexed: its format, the
+/// member as a source of its own, and where it is in the archive.
+struct Found {
+    codec: Codec,
+    source: Arc<Source>,
+    at: u64,
+    spacing: u64,
+    limit: u64,
 }
 
 /// A compressed tar inside the archive: where it is, and its entry points.
@@ -818,20 +833,25 @@ impl<'a> Builder<'a> {
             return self.scan(src, data_pos, data_pos + stored, &inner, depth + 1);
         }
         // A compressed tar shown as a directory: read from a slice of the archive file,
-        // so only in a plain archive.
-        if self.opts.recursive && kind == Kind::File && m.sparse.is_none() && depth < MAX_DEPTH {
-            if let Some((members, stem)) = self.members.as_ref().zip(compressed_stem(&full)) {
-                if self.body == 0 {
-                    if let Some(codec) = members.tar_in(data_pos, stored)? {
-                        let mut inner: Vec<Vec<u8>> = full.iter().map(|c| c.to_vec()).collect();
-                        *inner.last_mut().unwrap() = stem;
-                        self.member_dir(&inner, &m);
-                        return self
-                            .scan_compressed(codec, data_pos, stored, &inner, depth + 1)
-                            .map_err(|e| Error::corrupt(format!("in the member {display}: {e}")));
-                    }
-                }
+        // so only in a plain archive (`members` is set for one, with `--recursive`).
+        let compressed = match (&self.members, compressed_stem(&full)) {
+            (Some(members), Some(stem))
+                if self.body == 0
+                    && kind == Kind::File
+                    && m.sparse.is_none()
+                    && depth < MAX_DEPTH =>
+            {
+                members.tar_in(data_pos, stored)?.map(|found| (found, stem))
             }
+            _ => None,
+        };
+        if let Some((found, stem)) = compressed {
+            let mut inner: Vec<Vec<u8>> = full.iter().map(|c| c.to_vec()).collect();
+            *inner.last_mut().unwrap() = stem;
+            self.member_dir(&inner, &m);
+            return self
+                .scan_compressed(found, &inner, depth + 1)
+                .map_err(|e| Error::corrupt(format!("in the member {display}: {e}")));
         }
         let xattrs = self.intern_xattrs(std::mem::take(&mut m.xattrs));
         let mut node = Node {
@@ -888,23 +908,17 @@ impl<'a> Builder<'a> {
         n.mtime_nsec = m.mtime_nsec;
     }
 
-    /// Indexes the compressed tar stored at `[at, at + len)` of the archive as a body of
-    /// its own, decoding it once for its headers and entry points.
-    fn scan_compressed(
-        &mut self,
-        codec: Codec,
-        at: u64,
-        len: u64,
-        prefix: &[Vec<u8>],
-        depth: u32,
-    ) -> Result<()> {
-        let Some(members) = &self.members else {
-            return Ok(());
-        };
-        let (spacing, limit) = (members.spacing, members.limit);
-        let slice = Arc::new(members.source.slice(at, len)?);
+    /// Indexes a compressed tar inside the archive as a body of its own, decoding it
+    /// once for its headers and entry points.
+    fn scan_compressed(&mut self, found: Found, prefix: &[Vec<u8>], depth: u32) -> Result<()> {
         let mut quiet = |_| {};
-        let scan = Scan::new(&slice, codec, spacing, limit, &mut quiet)?;
+        let scan = Scan::new(
+            &found.source,
+            found.codec,
+            found.spacing,
+            found.limit,
+            &mut quiet,
+        )?;
         let id = self.bodies.len() as u64 + 1;
         if id >= 1 << (64 - BODY_SHIFT) {
             return Err(Error::Unsupported(
@@ -912,24 +926,19 @@ impl<'a> Builder<'a> {
             ));
         }
         self.body = id << BODY_SHIFT;
-        self.member_at = at;
+        self.member_at = found.at;
         let outer_end = std::mem::take(&mut self.data_end);
-        let scanned = self.scan(&scan, 0, u64::MAX >> 1, prefix, depth);
-        let data_end = std::mem::replace(&mut self.data_end, outer_end);
+        let points = self
+            .scan(&scan, 0, u64::MAX >> 1, prefix, depth)
+            .and_then(|()| scan.finish())
+            .and_then(|p| self.check_within(p.len()).map(|()| p));
         self.body = 0;
-        scanned?;
-        let points = scan.finish()?;
-        if data_end > points.len() {
-            return Err(Error::corrupt(format!(
-                "tar archive is truncated: its members reach {data_end} bytes, it has {}",
-                points.len()
-            )));
-        }
+        self.data_end = outer_end;
         self.bodies.push(Nested {
-            at,
-            len,
-            codec,
-            points,
+            at: found.at,
+            len: found.source.len(),
+            codec: found.codec,
+            points: points?,
         });
         Ok(())
     }

@@ -128,10 +128,6 @@ impl TarArchive {
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        let nested = nested
-            .into_iter()
-            .map(|n| (n.at, n.len, n.codec, n.points))
-            .collect();
         TarArchive::from_index(Body::Plain(source), nested, how, index)
     }
 
@@ -166,20 +162,20 @@ impl TarArchive {
         TarArchive::from_index(Body::Decoded(Box::new(decoded)), Vec::new(), how, index)
     }
 
-    /// `nested`: the compressed tars inside a plain archive, as (offset, length, format,
-    /// entry points); they share the decoded-block cache.
+    /// `nested`: the compressed tars inside a plain archive; they share the
+    /// decoded-block cache.
     pub fn from_index(
         body: Body,
-        nested: Vec<(u64, u64, Codec, Points)>,
+        nested: Vec<index::Nested>,
         how: &Decoding,
         index: Index,
     ) -> Result<TarArchive> {
         let share = (how.cache_bytes / nested.len().max(1) as u64).max(4 << 20);
         let nested = nested
             .into_iter()
-            .map(|(at, len, codec, points)| {
-                let slice = Arc::new(body.source().slice(at, len)?);
-                let d = Decoded::new(slice, codec, points, share, how.stage_dir.as_deref())?;
+            .map(|n| {
+                let slice = Arc::new(body.source().slice(n.at, n.len)?);
+                let d = Decoded::new(slice, n.codec, n.points, share, how.stage_dir.as_deref())?;
                 Ok(Body::Decoded(Box::new(d)))
             })
             .collect::<Result<_>>()?;
@@ -418,7 +414,7 @@ pub fn open(
     let saved = persist::load(&path, &id, |extra| {
         let (points, nested) = Under::decode(extra, codec, archive_len)?;
         let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
-            .chain(nested.iter().map(|n| n.3.len()))
+            .chain(nested.iter().map(|n| n.points.len()))
             .collect();
         Some(((points, nested), lens))
     });
@@ -497,8 +493,6 @@ pub fn open(
 /// points if it is compressed.
 struct Under;
 
-type NestedPoints = Vec<(u64, u64, Codec, Points)>;
-
 impl Under {
     fn encode(a: &TarArchive) -> Vec<u8> {
         let mut o = Vec::new();
@@ -524,7 +518,7 @@ impl Under {
         b: &[u8],
         codec: Option<Codec>,
         archive_len: u64,
-    ) -> Option<(Option<Points>, NestedPoints)> {
+    ) -> Option<(Option<Points>, Vec<index::Nested>)> {
         let mut r = b;
         let mut take = |n: u64| -> Option<&[u8]> {
             let (h, t) = r.split_at_checked(usize::try_from(n).ok()?)?;
@@ -544,7 +538,12 @@ impl Under {
             if at.checked_add(len)? > archive_len {
                 return None;
             }
-            nested.push((at, len, c, Points::decode(blob, c, len)?));
+            nested.push(index::Nested {
+                at,
+                len,
+                codec: c,
+                points: Points::decode(blob, c, len)?,
+            });
         }
         let points = match codec {
             None => r.is_empty().then_some(None)?,
