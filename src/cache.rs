@@ -23,11 +23,15 @@ pub struct CacheConfig {
 impl CacheConfig {
     pub const DEFAULT_BYTES: u64 = 512 << 20;
 
-    /// Metadata gets 1/8 (at least 4 MiB: every lookup needs it), fragments 1/2 (datasets
-    /// of small files live in them), whole data blocks the rest.
-    pub fn split(&self) -> (usize, usize, usize) {
+    /// Metadata gets room for about 128 bytes an inode (inode, directory entry and name,
+    /// with room to spare), at least 4 MiB and at most half: every lookup needs it, and at
+    /// 1.28 M files a fixed 1/8 was too small, so a shuffled stat of every file
+    /// decompressed a metadata block for most lookups. Fragments get 1/2 (datasets of
+    /// small files live in them), whole data blocks the rest.
+    pub fn split(&self, inodes: u64) -> (usize, usize, usize) {
         let total = self.total_bytes as usize;
-        let meta = (total / 8).max((4 << 20).min(total / 2));
+        let wanted = usize::try_from(inodes.saturating_mul(128)).unwrap_or(usize::MAX);
+        let meta = wanted.clamp((4 << 20).min(total / 2), total / 2);
         let frag = total / 2;
         let data = total.saturating_sub(meta + frag);
         (meta, frag, data)
@@ -235,6 +239,25 @@ impl std::hash::Hasher for IdentityHasher {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn metadata_share_follows_the_inode_count_within_the_total() {
+        let c = CacheConfig::default();
+        let total = CacheConfig::DEFAULT_BYTES as usize;
+        for inodes in [0u64, 10_000, 1_281_167, 14_000_000, u64::MAX] {
+            let (meta, frag, data) = c.split(inodes);
+            assert!(meta + frag + data <= total, "{inodes}");
+            assert!(meta >= 4 << 20 && meta <= total / 2, "{inodes}: {meta}");
+        }
+        assert_eq!(c.split(10_000).0, 4 << 20);
+        assert!(c.split(1_281_167).0 >= 1_281_167 * 100);
+        assert_eq!(c.split(14_000_000).0, total / 2);
+        let tiny = CacheConfig {
+            total_bytes: 1 << 20,
+        };
+        let (meta, frag, data) = tiny.split(1_000_000);
+        assert_eq!((meta, frag, data), (512 << 10, 512 << 10, 0));
+    }
 
     #[test]
     fn stays_within_budget_and_keeps_blocks_in_use() {

@@ -17,6 +17,24 @@ pub struct RawEntry {
     pub name: Vec<u8>,
 }
 
+/// An entry as the walk meets it, its name borrowed from the metadata block: a lookup
+/// compares hundreds of names and keeps one.
+struct EntryRef<'a> {
+    inode_ref: u64,
+    kind: Kind,
+    name: &'a [u8],
+}
+
+impl EntryRef<'_> {
+    fn owned(&self) -> RawEntry {
+        RawEntry {
+            inode_ref: self.inode_ref,
+            kind: self.kind,
+            name: self.name.to_vec(),
+        }
+    }
+}
+
 /// The kernel's limits (fs/squashfs/squashfs_fs.h, enforced in dir.c and namei.c):
 /// SQUASHFS_DIR_COUNT entries under one header and SQUASHFS_NAME_LEN-byte names; both tools
 /// split runs at 256 entries, and Linux names are at most 255 bytes.
@@ -40,20 +58,29 @@ fn kind_of(typ: u16) -> Result<Kind> {
     })
 }
 
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
 /// Reads entries from `c` until `remaining` listing bytes are consumed or `visit`
 /// returns false.
 fn walk(
     mut c: Cursor<'_>,
     mut remaining: u64,
-    mut visit: impl FnMut(RawEntry) -> Result<bool>,
+    mut visit: impl FnMut(EntryRef<'_>) -> Result<bool>,
 ) -> Result<()> {
+    let mut scratch = Vec::new();
     while remaining > 0 {
         if remaining < 12 {
             return Err(Error::corrupt("directory listing ends inside a header"));
         }
-        let count = u64::from(c.u32()?) + 1;
-        let start = c.u32()?;
-        let _inode_base = c.u32()?;
+        let header = c.take(12, &mut scratch)?;
+        let count = u64::from(le32(header, 0)) + 1;
+        let start = le32(header, 4);
         remaining -= 12;
         if count > MAX_HEADER_COUNT {
             return Err(Error::corrupt(format!(
@@ -64,25 +91,25 @@ fn walk(
             if remaining < 8 {
                 return Err(Error::corrupt("directory listing ends inside an entry"));
             }
-            let offset = c.u16()?;
-            let _inode_delta = c.u16()?;
-            let typ = c.u16()?;
-            let name_len = usize::from(c.u16()?) + 1;
+            let fields = c.take(8, &mut scratch)?;
+            let offset = le16(fields, 0);
+            let typ = le16(fields, 4);
+            let name_len = usize::from(le16(fields, 6)) + 1;
             remaining -= 8;
             if name_len > MAX_NAME || name_len as u64 > remaining {
                 return Err(Error::corrupt(format!(
                     "directory entry name of {name_len} bytes"
                 )));
             }
-            let name = c.bytes(name_len)?;
+            let name = c.take(name_len, &mut scratch)?;
             remaining -= name_len as u64;
             if name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
                 return Err(Error::corrupt(format!(
                     "directory entry with an illegal name {:?}",
-                    String::from_utf8_lossy(&name)
+                    String::from_utf8_lossy(name)
                 )));
             }
-            let entry = RawEntry {
+            let entry = EntryRef {
                 inode_ref: (u64::from(start) << 16) | u64::from(offset),
                 kind: kind_of(typ)?,
                 name,
@@ -108,7 +135,7 @@ impl SquashFs {
         );
         let mut out = Vec::new();
         walk(c, Self::listing_len(dir), |e| {
-            out.push(e);
+            out.push(e.owned());
             Ok(true)
         })?;
         Ok(out)
@@ -144,10 +171,10 @@ impl SquashFs {
         let offset = (skipped as usize + usize::from(dir.offset)) % BLOCK_SIZE;
         let mut found = None;
         walk(self.cursor(block, offset), remaining, |e| {
-            Ok(match e.name.as_slice().cmp(name) {
+            Ok(match e.name.cmp(name) {
                 Ordering::Less => true,
                 Ordering::Equal => {
-                    found = Some(e);
+                    found = Some(e.owned());
                     false
                 }
                 Ordering::Greater => false,

@@ -52,7 +52,7 @@ impl SquashFs {
         }
         source.read_exact_at(0, &mut raw)?;
         let sb = Superblock::parse(&raw, source.len())?;
-        let (meta, frag, data) = cache.split();
+        let (meta, frag, data) = cache.split(u64::from(sb.inode_count));
         let frag_ptrs = if sb.frag_count > 0 && sb.frag_table != NO_TABLE {
             table::read_pointers(
                 &source,
