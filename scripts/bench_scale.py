@@ -251,7 +251,9 @@ class Scale:
         finally:
             t.unmount(force=False)
 
-    def walks(self, section, t, n, warm=True):
+    def walks(self, section, t, n, warm=True, paths=None):
+        """find and a stat walk; with `paths` (a shuffled list file) also a stat of every
+        file by its path with no listing first, as a dataset indexed by a file list does."""
         find = f"find {shlex.quote(t.root)} -type f | wc -l"
         stat = f"find {shlex.quote(t.root)} -type f -printf '%s\\n' | wc -l"
         for name, cmd in (("find", find), ("stat", stat)):
@@ -261,6 +263,19 @@ class Scale:
                 if warm:
                     self.rec(section, t.name, f"{name}_warm", self.timed_shell(cmd, n))
             self.guarded(section, t, name, f)
+        if not paths:
+            return
+
+        def statpath():
+            for p in ("cold", "warm") if warm else ("cold",):
+                go = (lambda: self.fresh(t)) if p == "cold" else None
+                _, outs, _ = self.B.run_group(
+                    [[sys.executable, self.B.SCRIPT, "_stat", t.root, paths]],
+                    lambda: time.time() + self.args.cap, go)
+                if outs[0]["errors"]:
+                    raise self.B.Failed(f"{outs[0]['errors']} errors, {outs[0]['first_error']}")
+                self.rec(section, t.name, f"statpath_{p}", outs[0]["elapsed"])
+        self.guarded(section, t, "statpath", statpath)
 
     def imagefolder(self, section, t, n):
         def f():
@@ -340,6 +355,10 @@ class Scale:
             manifest = B.read_manifest(main["manifest"])
             n = len(manifest)
             ts = self.targets(main, "main")
+            paths = os.path.join(self.tmp, "scale-paths.tsv")
+            order = list(manifest)
+            random.Random(a.seed).shuffle(order)
+            B.write_list(paths, order)
             for run in range(a.runs):
                 B.log(f"=== scale run {run + 1}/{a.runs}: {n} files")
                 for t in ts:
@@ -347,7 +366,7 @@ class Scale:
                     if "index" in a.scale_workloads and t.name == "archfs tar":
                         self.tar_index("index", t, main["tar"], n + classes)
                     if "meta" in a.scale_workloads:
-                        self.walks("main", t, n)
+                        self.walks("main", t, n, paths=paths)
                     if "imagefolder" in a.scale_workloads:
                         self.imagefolder("main", t, n)
                     if "epoch" in a.scale_workloads and any(
@@ -430,6 +449,8 @@ def report(s, main, args):
                               ("`find -type f`, warm", "find_warm"),
                               ("stat of every file (`find -printf %s`), cold", "stat_cold"),
                               ("stat of every file, warm", "stat_warm"),
+                              ("stat of every file by path, no listing, cold", "statpath_cold"),
+                              ("stat of every file by path, warm", "statpath_warm"),
                               ("ImageFolder index, cold", "imagefolder_cold"),
                               ("ImageFolder index, warm", "imagefolder_warm")):
             rows.append([label] + ratio_row(tools, m, metric))

@@ -4,10 +4,11 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::column::Column;
 use super::header::{self, Header, BLOCK};
-use std::sync::Arc;
 
 use crate::archive::{Kind, Source};
 use crate::compressed::{Bytes, Codec, Points, Scan};
@@ -335,8 +336,10 @@ pub struct Builder<'a> {
     members: Option<Members>,
     bodies: Vec<Nested>,
     body: u64,
-    /// Where the compressed member being scanned starts in the archive.
+    /// Where the compressed member being scanned starts in the archive, and how far into
+    /// it its decoder has read: together, the place the progress bar shows.
     member_at: u64,
+    member_read: Arc<AtomicU64>,
     nodes: Vec<Node>,
     entries: Vec<RawEntry>,
     dirs: HashMap<Vec<u8>, u32>,
@@ -498,6 +501,7 @@ impl<'a> Builder<'a> {
             bodies: Vec::new(),
             body: 0,
             member_at: 0,
+            member_read: Arc::default(),
             nodes: vec![root],
             entries: Vec::new(),
             dirs,
@@ -588,8 +592,12 @@ impl<'a> Builder<'a> {
                 )));
             }
             // Inside a compressed member, offsets are decoded ones: the member's place in
-            // the archive stands for them.
-            (self.progress)(if self.body == 0 { pos } else { self.member_at });
+            // the archive plus what its decoder has read stands for them.
+            (self.progress)(if self.body == 0 {
+                pos
+            } else {
+                self.member_at + self.member_read.load(Ordering::Relaxed)
+            });
             let size = h.size()?;
             let data_start = pos + BLOCK;
             let typeflag = h.typeflag();
@@ -911,13 +919,15 @@ impl<'a> Builder<'a> {
     /// Indexes a compressed tar inside the archive as a body of its own, decoding it
     /// once for its headers and entry points.
     fn scan_compressed(&mut self, found: Found, prefix: &[Vec<u8>], depth: u32) -> Result<()> {
-        let mut quiet = |_| {};
+        let read = self.member_read.clone();
+        read.store(0, Ordering::Relaxed);
+        let mut report = move |p| read.store(p, Ordering::Relaxed);
         let scan = Scan::new(
             &found.source,
             found.codec,
             found.spacing,
             found.limit,
-            &mut quiet,
+            &mut report,
         )?;
         let id = self.bodies.len() as u64 + 1;
         if id >= 1 << (64 - BODY_SHIFT) {
