@@ -253,6 +253,9 @@ impl Filesystem for ArchFs {
             Ok(l) => l,
             Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
         };
+        if offset == 0 {
+            self.vfs.listed_with_attrs(ino.0);
+        }
         for (i, e) in listing.iter().enumerate().skip(offset as usize) {
             let attr = match self.vfs.archive().attr(e.ino) {
                 Ok(a) => self.attr(&a),

@@ -32,6 +32,7 @@ use crate::fuse::{ArchFs, Readdirplus};
 use crate::fuse_mount;
 use crate::mountpoint::{self, MountId, Prepared};
 use crate::preload::{self, Trigger};
+use crate::push::Pusher;
 use crate::shared::{Locked, Registry};
 use crate::vfs::Vfs;
 
@@ -437,14 +438,21 @@ fn open_and_mount(
     // terminal still shows warnings.
     // A compressed archive is decoded ahead as well: in memory when it fits, or with
     // `always` into --stage-dir.
+    // Files of listed directories are pushed into the page cache once reads show an
+    // epoch (src/push.rs).
+    let push = (s.preload != Preload::Never).then(|| Arc::new(Pusher::new(archive.clone())));
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
         Preload::Auto => {
             archive.decode_ahead(Ahead::Far);
             let a = Arc::downgrade(&archive);
+            let push = push.clone();
             let trigger = Trigger::new(archive.extents()).then(move || {
                 if let Some(a) = a.upgrade() {
                     a.decode_ahead(Ahead::Memory);
+                }
+                if let Some(p) = push {
+                    p.start();
                 }
             });
             (Some(Arc::new(trigger)), None)
@@ -455,10 +463,16 @@ fn open_and_mount(
                 tracing::warn!("{why}");
             }
             archive.decode_ahead(Ahead::Any);
-            (None, Some(plan))
+            let push = push.clone();
+            let trigger = Trigger::new(Vec::new()).then(move || {
+                if let Some(p) = push {
+                    p.start();
+                }
+            });
+            (Some(Arc::new(trigger)), Some(plan))
         }
     };
-    let mount = Mount::new(archive, s, trigger, events)?;
+    let mount = Mount::new(archive, s, trigger, push, events)?;
     Ok((mount, plan))
 }
 
@@ -491,6 +505,7 @@ impl Mount {
         archive: Arc<dyn Archive>,
         s: &Settings,
         trigger: Option<Arc<Trigger>>,
+        push: Option<Arc<Pusher>>,
         events: Sender<Event>,
     ) -> Result<Mount, String> {
         if !Path::new("/dev/fuse").exists() {
@@ -527,7 +542,10 @@ impl Mount {
             let prepared = mountpoint::prepare(&s.mountpoint)?;
             let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
                 .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
-            let fs = ArchFs::new(Vfs::new(archive.clone(), trigger.clone()), s.readdirplus);
+            let fs = ArchFs::new(
+                Vfs::new(archive.clone(), trigger.clone()).with_push(push.clone()),
+                s.readdirplus,
+            );
             let session =
                 fuse_mount::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
                     Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
@@ -550,6 +568,12 @@ impl Mount {
             }
         };
         watchdog.arm();
+        if let Some(p) = &push {
+            let n = session.notifier();
+            p.set_store(Box::new(move |ino, at, data| {
+                n.store(fuser::INodeNo(ino), at, data)
+            }));
+        }
         std::thread::Builder::new()
             .name("archfs-session".into())
             .spawn(move || {

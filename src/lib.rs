@@ -17,6 +17,7 @@ pub mod fuse_mount;
 pub mod job;
 pub mod mountpoint;
 pub mod preload;
+pub mod push;
 pub mod shared;
 pub mod squashfs;
 pub mod tar;

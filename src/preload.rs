@@ -26,7 +26,7 @@ const READERS: usize = 4;
 /// Bytes per read.
 const CHUNK: u64 = 2 << 20;
 /// Share of the free memory the preloaded data may take; the rest stays for the job.
-const MEMORY_SHARE: f64 = 0.75;
+pub const MEMORY_SHARE: f64 = 0.75;
 
 /// Files whose first bytes `auto` waits to see read: a training epoch gets there within a
 /// fraction of a second, while looking at a few files, listing or `stat`ing the tree
@@ -80,6 +80,7 @@ impl Trigger {
         let plan = Plan::new(extents, available_memory());
         match &plan.skipped {
             Some(why) => tracing::info!("{AUTO_AFTER_FILES} files read: {why}"),
+            None if plan.extents.is_empty() => {}
             None => tracing::info!(
                 "{AUTO_AFTER_FILES} files read: preloading {}",
                 human(plan.bytes())

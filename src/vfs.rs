@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use crate::archive::{Archive, Data, DirEntry, Kind};
 use crate::error::{Error, Result};
 use crate::preload::Trigger;
+use crate::push::Pusher;
 
 pub struct Vfs {
     archive: Arc<dyn Archive>,
@@ -18,6 +19,7 @@ pub struct Vfs {
     next_handle: AtomicU64,
     /// `--preload=auto`, told of every read.
     preload: Option<Arc<Trigger>>,
+    push: Option<Arc<Pusher>>,
 }
 
 impl Vfs {
@@ -27,7 +29,13 @@ impl Vfs {
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             preload,
+            push: None,
         }
+    }
+
+    pub fn with_push(mut self, push: Option<Arc<Pusher>>) -> Vfs {
+        self.push = push;
+        self
     }
 
     pub fn archive(&self) -> &dyn Archive {
@@ -37,6 +45,9 @@ impl Vfs {
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
         if let Some(t) = &self.preload {
             t.note_read(offset);
+        }
+        if let Some(p) = &self.push {
+            p.note_read(ino);
         }
         self.archive.read(ino, offset, size)
     }
@@ -56,6 +67,13 @@ impl Vfs {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.dirs.lock().insert(fh, Arc::new(listing));
         Ok(fh)
+    }
+
+    /// `dir` was listed with its entries' attributes, so the kernel holds their inodes.
+    pub fn listed_with_attrs(&self, dir: u64) {
+        if let Some(p) = &self.push {
+            p.note_listed(dir);
+        }
     }
 
     pub fn listing(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {

@@ -172,7 +172,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         )
         .unwrap();
         let (tx, rx) = channel();
-        let m = job::Mount::new(a, &settings, None, tx).unwrap();
+        let m = job::Mount::new(a, &settings, None, None, tx).unwrap();
         assert_eq!(std::fs::read(mnt.join("f0003.txt")).unwrap(), want);
         m.unmount().unwrap();
         // The session thread reports its end once the kernel lets go.

@@ -141,6 +141,28 @@ fn check(archive: &Path, src: &Path, dir: &TempDir, name: &str) {
         server_read(&m.path, archive),
         few + 1
     );
+    // The small files no one read are pushed into the mount's own page cache (their
+    // directories were listed with attributes), and read back as the source has them.
+    let unread: Vec<_> = (0..8)
+        .flat_map(|c| std::fs::read_dir(m.path.join(format!("class{c}"))).unwrap())
+        .map(|e| e.unwrap().path())
+        .skip(few + 1)
+        .collect();
+    assert!(unread.len() >= 50, "{name}: {} unread files", unread.len());
+    let pushed = || unread.iter().map(|p| resident(p)).sum::<f64>() / unread.len() as f64;
+    assert!(
+        wait_for(60, || pushed() > 0.8),
+        "{name}: only {:.2} of the pages of {} files never read are in the page cache",
+        pushed(),
+        unread.len()
+    );
+    for p in &unread {
+        let rel = p.strip_prefix(&m.path).unwrap();
+        assert!(
+            std::fs::read(p).unwrap() == std::fs::read(src.join(rel)).unwrap(),
+            "{name}: {rel:?} differs from the source after it was pushed"
+        );
+    }
     drop(m);
 
     // With --preload=never the same reads leave the unread file out.

@@ -115,6 +115,10 @@ pub trait Archive: Send + Sync {
     /// `--preload` of a compressed archive: decode all of it in the background into a
     /// copy reads are then served from.
     fn decode_ahead(&self, _which: Ahead) {}
+    /// Whether a decoded copy is still being made: reads meanwhile decode in place.
+    fn decoding_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// Which compressed archives [`Archive::decode_ahead`] starts decoding, and where to.

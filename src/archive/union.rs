@@ -262,4 +262,8 @@ impl Archive for Union {
             m.decode_ahead(which);
         }
     }
+
+    fn decoding_ahead(&self) -> bool {
+        self.members.iter().any(|m| m.decoding_ahead())
+    }
 }

@@ -976,6 +976,11 @@ impl Decoded {
         }
     }
 
+    /// Whether a decoded copy is being made in the background.
+    pub fn decoding_ahead(&self) -> bool {
+        self.stage.get().is_some_and(|s| !s.complete())
+    }
+
     /// `len` bytes at `pos`. A miss decodes on to `horizon` (the end of the member being
     /// read, at most the next entry point), so the rest of a file read in pieces is
     /// cached by its first read.

@@ -255,6 +255,15 @@ impl Stage {
             .map_err(|e| Error::io("cannot write the decoded copy (is the disk full?)", e))
     }
 
+    /// Whether every byte of the copy is written (or its decoding gave up).
+    pub fn complete(&self) -> bool {
+        if self.parallel() {
+            return self.done.load(Ordering::Acquire);
+        }
+        let p = self.progress.lock();
+        p.upto >= self.len || p.failed.is_some()
+    }
+
     /// Whether this is a parallel copy, made from the entry points.
     pub fn parallel(&self) -> bool {
         self.copied.is_some()

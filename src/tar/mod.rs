@@ -391,6 +391,12 @@ impl Archive for TarArchive {
             }
         }
     }
+
+    fn decoding_ahead(&self) -> bool {
+        std::iter::once(&self.body)
+            .chain(&self.nested)
+            .any(|b| matches!(b, Body::Decoded(d) if d.decoding_ahead()))
+    }
 }
 
 /// Opens a tar archive (plain, or compressed as `compressed` says) from its saved index
