@@ -253,7 +253,9 @@ impl Filesystem for ArchFs {
             Ok(l) => l,
             Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
         };
-        if offset == 0 {
+        // With the kernel's adaptive mode, later parts of the listing may come as plain
+        // READDIR, whose entries the kernel makes no inode for.
+        if offset == 0 && self.readdirplus == Readdirplus::Always {
             self.vfs.listed_with_attrs(ino.0);
         }
         for (i, e) in listing.iter().enumerate().skip(offset as usize) {

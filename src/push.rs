@@ -189,3 +189,22 @@ impl Pusher {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_marks_the_files_read_by_inode_and_ignores_others() {
+        let inos: Vec<u64> = (0..200u64).rev().map(|i| i * 3 + 1_000_000).collect();
+        let b = Batch::new([inos.clone(), vec![1_000_000]].concat());
+        assert_eq!(b.inos.len(), 200, "sorted and deduplicated");
+        assert!(b.inos.windows(2).all(|w| w[0] < w[1]));
+        b.mark(1_000_000 + 3 * 70);
+        b.mark(1_000_000 + 3 * 199);
+        b.mark(1_000_001); // not in the batch
+        b.mark(7);
+        let read: Vec<usize> = (0..b.inos.len()).filter(|&i| b.is_read(i)).collect();
+        assert_eq!(read, vec![70, 199]);
+    }
+}
