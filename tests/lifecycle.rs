@@ -475,6 +475,88 @@ fn compressed_endings(who: Who) {
 
 as_root_and_as_a_user!(compressed_endings);
 
+/// A first epoch starts the preload and the push into the page cache (a thread of the
+/// server writing to /dev/fuse): the server still ends on SIGTERM and SIGKILL with a
+/// reader holding a file open, and `run` ends with its Python command.
+fn push_endings(who: Who) {
+    let mut j = Job::new("push", who);
+    let src = j.stage.dir.join("psrc");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
+    std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+    let mut bytes = xorshift_bytes(5);
+    for i in 0..2000 {
+        let d = src.join(format!("data/c{}", i % 8));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.bin")), bytes(128 << 10)).unwrap();
+    }
+    j.img = j.stage.dir.join("data.tar");
+    run_ok(
+        std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(&j.img)
+            .arg("-C")
+            .arg(&src)
+            .arg("."),
+    );
+    let epoch = "import os,sys,time; m=sys.argv[1]; \
+        n=sorted(os.path.join(d,f) for d,_,fs in os.walk(os.path.join(m,'data')) for f in fs); \
+        [open(p,'rb').read() for p in n[:200]]; f=open(n[-1],'rb'); f.read(1); \
+        print('holding', flush=True); time.sleep(3600)";
+    let log = j.stage.work.join("server.log");
+    for (name, sig) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+        let _ = std::fs::remove_file(&log);
+        let server = j.mount();
+        let mut reader = j
+            .stage
+            .command(PYTHON)
+            .args(["-c", epoch])
+            .arg(&j.mnt)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(reader.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line,
+            "holding\n",
+            "{}: the reader did not get going",
+            j.who()
+        );
+        let holder = Holder(reader);
+        let started = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            wait_for(DEADLINE, || started().contains("files read: preloading")),
+            "{}: 200 files read and no preload: {}",
+            j.who(),
+            started()
+        );
+        let t = Instant::now();
+        kill(server, sig);
+        j.gone(
+            t,
+            &format!("{name} to the server while pushing, a file held open"),
+        );
+        drop(holder);
+    }
+    let mut run = j.run("epoch");
+    let status = wait(&mut run);
+    assert_eq!(status.code(), Some(0), "{}: {:?}", j.who(), j.log_lines());
+    assert!(
+        j.log_lines()
+            .contains(&"epoch 200 of 2000 files read".to_string()),
+        "{}: {:?}",
+        j.who(),
+        j.log_lines()
+    );
+    j.gone(Instant::now(), "command exit0 while pushing");
+    j.reap();
+}
+
+as_root_and_as_a_user!(push_endings);
+
 /// `run` started as a shell starts a background job (SIGINT and SIGQUIT ignored), with
 /// SIGTERM blocked as well, still gives its command an empty mask and default actions.
 #[test]

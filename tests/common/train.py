@@ -6,8 +6,9 @@ It reads from the mount, keeps a file there open, starts a "DataLoader worker" t
 another file open and outlives it, records in LOG (one line per event) its signal mask and
 every signal it handles, checking in each handler that the mount is still readable, and
 then ends as HOW says: `wait` (until SIGTERM, then exit 7), `exit0`, `exit3`, `abort`
-(killed by SIGABRT), `sleep` (until killed from outside) or `oom` (allocates until the
-OOM killer ends it, once LOG's directory holds a file `go`).
+(killed by SIGABRT), `sleep` (until killed from outside), `oom` (allocates until the
+OOM killer ends it, once LOG's directory holds a file `go`) or `epoch` (lists the tree
+and reads 200 files of `data/`, which starts the preload and the push, then exits 0).
 """
 
 import os
@@ -69,6 +70,14 @@ elif how == "abort":
     os.abort()
 elif how == "sleep":
     time.sleep(3600)
+elif how == "epoch":
+    names = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(mnt, "data"))
+                   for f in fs)
+    for p in names[:200]:
+        with open(p, "rb") as f:
+            f.read()
+    record("epoch %d of %d files read" % (min(200, len(names)), len(names)))
+    sys.exit(0)
 elif how == "oom":
     go = os.path.join(os.path.dirname(log), "go")
     while not os.path.exists(go):
