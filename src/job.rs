@@ -441,19 +441,20 @@ fn open_and_mount(
     // Files of listed directories are pushed into the page cache once reads show an
     // epoch (src/push.rs).
     let push = (s.preload != Preload::Never).then(|| Arc::new(Pusher::new(archive.clone())));
+    let start_push = {
+        let push = push.clone();
+        move || push.iter().for_each(Pusher::start)
+    };
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
         Preload::Auto => {
             archive.decode_ahead(Ahead::Far);
             let a = Arc::downgrade(&archive);
-            let push = push.clone();
             let trigger = Trigger::new(archive.extents()).then(move || {
                 if let Some(a) = a.upgrade() {
                     a.decode_ahead(Ahead::Memory);
                 }
-                if let Some(p) = push {
-                    p.start();
-                }
+                start_push();
             });
             (Some(Arc::new(trigger)), None)
         }
@@ -463,12 +464,8 @@ fn open_and_mount(
                 tracing::warn!("{why}");
             }
             archive.decode_ahead(Ahead::Any);
-            let push = push.clone();
-            let trigger = Trigger::new(Vec::new()).then(move || {
-                if let Some(p) = push {
-                    p.start();
-                }
-            });
+            // The stream starts now; the push, like `auto`'s, when reads show an epoch.
+            let trigger = Trigger::new(Vec::new()).then(start_push);
             (Some(Arc::new(trigger)), Some(plan))
         }
     };

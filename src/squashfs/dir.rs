@@ -6,6 +6,7 @@ use std::cmp::Ordering;
 
 use super::inode::DirInode;
 use super::metadata::{Cursor, BLOCK_SIZE};
+use super::superblock::{u16_at, u32_at};
 use super::SquashFs;
 use crate::archive::Kind;
 use crate::error::{Error, Result};
@@ -58,14 +59,6 @@ fn kind_of(typ: u16) -> Result<Kind> {
     })
 }
 
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 /// Reads entries from `c` until `remaining` listing bytes are consumed or `visit`
 /// returns false.
 fn walk(
@@ -79,8 +72,8 @@ fn walk(
             return Err(Error::corrupt("directory listing ends inside a header"));
         }
         let header = c.take(12, &mut scratch)?;
-        let count = u64::from(le32(header, 0)) + 1;
-        let start = le32(header, 4);
+        let count = u64::from(u32_at(header, 0)) + 1;
+        let start = u32_at(header, 4);
         remaining -= 12;
         if count > MAX_HEADER_COUNT {
             return Err(Error::corrupt(format!(
@@ -92,9 +85,9 @@ fn walk(
                 return Err(Error::corrupt("directory listing ends inside an entry"));
             }
             let fields = c.take(8, &mut scratch)?;
-            let offset = le16(fields, 0);
-            let typ = le16(fields, 4);
-            let name_len = usize::from(le16(fields, 6)) + 1;
+            let offset = u16_at(fields, 0);
+            let typ = u16_at(fields, 4);
+            let name_len = usize::from(u16_at(fields, 6)) + 1;
             remaining -= 8;
             if name_len > MAX_NAME || name_len as u64 > remaining {
                 return Err(Error::corrupt(format!(

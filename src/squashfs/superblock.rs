@@ -27,10 +27,11 @@ pub struct Superblock {
     pub export_table: u64,
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+/// Little-endian fields of on-disk structures (the superblock, directory entries).
+pub(super) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
 fn u64_at(b: &[u8], at: usize) -> u64 {
