@@ -101,6 +101,14 @@ enum Cmd {
         #[arg(long)]
         remove_dir: bool,
     },
+    #[command(name = "__prelist", hide = true)]
+    Prelist {
+        root: PathBuf,
+        #[arg(long)]
+        parent: i32,
+        #[arg(long)]
+        debug: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +192,13 @@ struct ServeArgs {
     /// listing) or `never`.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Readdirplus::Always)]
     readdirplus: Readdirplus,
+    /// List the whole tree in the background once mounted, last directory first, so the
+    /// kernel knows every name and its attributes before the job asks: ImageFolder's
+    /// index finds much of it listed, a stat or open by path needs no request. `auto`
+    /// does when listings carry attributes and the kernel's inodes (1.2 KB an entry) fit
+    /// in a tenth of free memory; `never` does not.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = Prelist::Auto)]
+    prelist: Prelist,
     /// Compressed tar archives: decoded bytes between the places a read can start
     /// decoding (gzip keeps the part of a 32 KiB window the data refers to for each).
     /// Smaller spends index for faster random reads. Applies when the index is built:
@@ -200,6 +215,12 @@ struct ServeArgs {
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
 enum Readdirplus {
     Always,
+    Auto,
+    Never,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum Prelist {
     Auto,
     Never,
 }
@@ -429,6 +450,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Watchdog { path, remove_dir } => Ok(job::watchdog_main(&path, remove_dir)),
+        Cmd::Prelist {
+            root,
+            parent,
+            debug,
+        } => {
+            job::init_logging(debug, true);
+            Ok(crate::prelist::main(&root, parent))
+        }
     }
 }
 
@@ -501,6 +530,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
             Readdirplus::Auto => crate::fuse::Readdirplus::Auto,
             Readdirplus::Never => crate::fuse::Readdirplus::Never,
         },
+        prelist: serve.prelist == Prelist::Auto,
         debug: serve.debug,
     })
 }

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -39,6 +40,9 @@ pub struct ArchFs {
     readdirplus: Readdirplus,
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
+    /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
+    /// attributes (or the listing ahead, src/prelist.rs) would have saved.
+    lookups: AtomicU64,
 }
 
 impl ArchFs {
@@ -49,6 +53,7 @@ impl ArchFs {
             block_size,
             readdirplus,
             logged: Mutex::new(HashSet::new()),
+            lookups: AtomicU64::new(0),
         }
     }
 
@@ -129,7 +134,15 @@ impl Filesystem for ArchFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        tracing::info!(
+            "served {} LOOKUP requests",
+            self.lookups.load(Ordering::Relaxed)
+        );
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         match self.vfs.archive().lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(Error::NotFound) => {

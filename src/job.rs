@@ -31,6 +31,7 @@ use crate::cache::CacheConfig;
 use crate::fuse::{ArchFs, Readdirplus};
 use crate::fuse_mount;
 use crate::mountpoint::{self, MountId, Prepared};
+use crate::prelist::{self, Lister};
 use crate::preload::{self, Trigger};
 use crate::push::Pusher;
 use crate::shared::{Locked, Registry};
@@ -59,6 +60,9 @@ pub struct Settings {
     pub stage_dir: Option<PathBuf>,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
+    /// List the whole tree through the mount once it is live ([`crate::prelist`]), when
+    /// listings carry attributes and the kernel's inodes fit in memory.
+    pub prelist: bool,
     pub debug: bool,
 }
 
@@ -493,6 +497,7 @@ pub enum Event {
 pub struct Mount {
     prepared: Prepared,
     watchdog: Option<Watchdog>,
+    lister: Option<Lister>,
 }
 
 impl Mount {
@@ -580,9 +585,18 @@ impl Mount {
                 let _ = events.send(Event::Unmounted);
             })
             .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
+        let lister = (s.prelist && s.readdirplus == Readdirplus::Always)
+            .then(|| archive.stats().inodes)
+            .filter(|&n| prelist::fits(n, preload::available_memory()))
+            .and_then(|_| {
+                Lister::spawn(&prepared.path, s.debug)
+                    .inspect_err(|e| tracing::warn!("cannot start the listing process: {e}"))
+                    .ok()
+            });
         Ok(Mount {
             prepared,
             watchdog: Some(watchdog),
+            lister,
         })
     }
 
@@ -593,6 +607,11 @@ impl Mount {
     /// Unmounts (lazily if files are still open), stops the watchdog and removes the
     /// mount point if it was created for this mount.
     pub fn unmount(mut self) -> Result<(), String> {
+        // First, while the mount is served: the lister's open directories would make
+        // the unmount lazy.
+        if let Some(l) = self.lister.take() {
+            l.stop();
+        }
         let path = self.prepared.path.clone();
         let result = mountpoint::unmount(&path).map(drop).map_err(|e| {
             format!(
@@ -608,6 +627,9 @@ impl Mount {
     /// The filesystem is unmounted: stop the watchdog (which detaches the mount itself if
     /// it is somehow still there) and remove a mount point made for it.
     fn finish(&mut self) {
+        if let Some(l) = self.lister.take() {
+            l.stop();
+        }
         if let Some(w) = self.watchdog.take() {
             w.disarm();
         }
@@ -869,7 +891,7 @@ impl Ready {
 }
 
 /// `to_file`: stderr is about to go to a --log file, so no colour codes.
-fn init_logging(debug: bool, to_file: bool) {
+pub(crate) fn init_logging(debug: bool, to_file: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
     });

@@ -16,6 +16,7 @@ pub mod fuse;
 pub mod fuse_mount;
 pub mod job;
 pub mod mountpoint;
+pub mod prelist;
 pub mod preload;
 pub mod push;
 pub mod shared;

@@ -157,6 +157,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         recursive: false,
         index: None,
         preload: job::Preload::Never,
+        prelist: false,
         readdirplus: archfs::fuse::Readdirplus::Always,
         entry_spacing: archfs::archive::DEFAULT_SPACING,
         stage_dir: None,

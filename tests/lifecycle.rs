@@ -98,6 +98,19 @@ impl Job {
         pids[0]
     }
 
+    /// Mounts a GNU tar of `src`, named `name`, from now on.
+    fn use_tar_of(&mut self, src: &Path, name: &str) {
+        self.img = self.stage.dir.join(name);
+        run_ok(
+            std::process::Command::new("tar")
+                .arg("-cf")
+                .arg(&self.img)
+                .arg("-C")
+                .arg(src)
+                .arg("."),
+        );
+    }
+
     /// A process of the actor's that holds a file under the mount open, as a DataLoader
     /// worker does, until dropped.
     fn hold(&self) -> Holder {
@@ -141,6 +154,11 @@ impl Job {
         assert!(
             wait_for(DEADLINE, || watchdog_pids(&self.mnt).is_empty()),
             "{}: {what}: the watchdog outlived the mount",
+            self.who()
+        );
+        assert!(
+            wait_for(DEADLINE, || lister_pids(&self.mnt).is_empty()),
+            "{}: {what}: the listing process outlived the mount",
             self.who()
         );
     }
@@ -490,15 +508,7 @@ fn push_endings(who: Who) {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(format!("f{i}.bin")), bytes(128 << 10)).unwrap();
     }
-    j.img = j.stage.dir.join("data.tar");
-    run_ok(
-        std::process::Command::new("tar")
-            .arg("-cf")
-            .arg(&j.img)
-            .arg("-C")
-            .arg(&src)
-            .arg("."),
-    );
+    j.use_tar_of(&src, "data.tar");
     let epoch = "import os,sys,time; m=sys.argv[1]; \
         n=sorted(os.path.join(d,f) for d,_,fs in os.walk(os.path.join(m,'data')) for f in fs); \
         [open(p,'rb').read() for p in n[:200]]; f=open(n[-1],'rb'); f.read(1); \
@@ -556,6 +566,55 @@ fn push_endings(who: Who) {
 }
 
 as_root_and_as_a_user!(push_endings);
+
+/// The server lists the tree ahead in a process of its own (src/prelist.rs): SIGTERM and
+/// SIGKILL to the server while it lists, a reader holding a file open, still leave no
+/// mount and no lister, and neither does `run` with a Python command that ends at once.
+fn prelist_endings(who: Who) {
+    let mut j = Job::new("prelist", who);
+    let src = j.stage.dir.join("lsrc");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
+    std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+    // 50,000 names: at the kernel's ~4 µs an entry the listing takes a good part of a
+    // second, while the signal follows the mount within milliseconds.
+    for c in 0..100 {
+        let d = src.join(format!("data/c{c:03}"));
+        std::fs::create_dir_all(&d).unwrap();
+        for i in 0..500 {
+            std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+        }
+    }
+    j.use_tar_of(&src, "names.tar");
+    for (name, sig) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
+        let server = j.mount();
+        let holder = j.hold();
+        assert!(
+            !lister_pids(&j.mnt).is_empty(),
+            "{}: no listing process running after the mount",
+            j.who()
+        );
+        let t = Instant::now();
+        kill(server, sig);
+        j.gone(t, &format!("{name} to the server while listing ahead"));
+        drop(holder);
+    }
+    let mut run = j
+        .stage
+        .archfs()
+        .arg("run")
+        .arg(&j.img)
+        .arg(&j.mnt)
+        .args(["--", PYTHON, "-c", "import os,sys; os.stat(sys.argv[1])"])
+        .arg(j.mnt.join("hello.txt"))
+        .spawn()
+        .unwrap();
+    let status = wait(&mut run);
+    assert_eq!(status.code(), Some(0), "{}", j.who());
+    j.gone(Instant::now(), "run's command ended while listing ahead");
+}
+
+as_root_and_as_a_user!(prelist_endings);
 
 /// `run` started as a shell starts a background job (SIGINT and SIGQUIT ignored), with
 /// SIGTERM blocked as well, still gives its command an empty mask and default actions.

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::tree::{list_files, make_awkward_tree, TreeSpec};
+use common::tree::list_files;
 use common::*;
 
 struct Rng(u64);
@@ -198,25 +198,10 @@ print(n)
 /// threads, allocator slack (the tree here has a few thousand entries).
 const SERVER_OVERHEAD: u64 = 48 << 20;
 
-fn tree(dir: &TempDir) -> PathBuf {
-    let src = dir.join("src");
-    std::fs::create_dir(&src).unwrap();
-    make_awkward_tree(
-        &src,
-        &TreeSpec {
-            big_dir_entries: 2000,
-            sparse_4g: false,
-            ..TreeSpec::default()
-        },
-    )
-    .unwrap();
-    src
-}
-
 #[test]
 fn stress_squashfs() {
     let dir = TempDir::new("stress-sqfs");
-    let src = tree(&dir);
+    let src = small_awkward_tree(&dir);
     let img = dir.join("img.sqfs");
     mksquashfs(&src, &img, &["-comp", "zstd", "-b", "64K"]);
     stress(&img, &src, &dir.join("mnt"), "squashfs");
@@ -225,7 +210,7 @@ fn stress_squashfs() {
 #[test]
 fn stress_tar() {
     let dir = TempDir::new("stress-tar");
-    let src = tree(&dir);
+    let src = small_awkward_tree(&dir);
     std::fs::remove_file(src.join("special/socket")).unwrap(); // tar cannot store sockets
     let tar = dir.join("t.tar");
     let _ = Command::new("tar")

@@ -289,6 +289,27 @@ pub fn watchdog_pids(mnt: &Path) -> Vec<i32> {
     pids_with_args(&[b"__watchdog", mnt.as_os_str().as_encoded_bytes()])
 }
 
+/// `dir/src`: the awkward tree with 2,000 files in its big directory and no 4 GiB file.
+pub fn small_awkward_tree(dir: &TempDir) -> PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    tree::make_awkward_tree(
+        &src,
+        &tree::TreeSpec {
+            big_dir_entries: 2000,
+            sparse_4g: false,
+            ..tree::TreeSpec::default()
+        },
+    )
+    .unwrap();
+    src
+}
+
+/// Processes listing `mnt` ahead (src/prelist.rs).
+pub fn lister_pids(mnt: &Path) -> Vec<i32> {
+    pids_with_args(&[b"__prelist", mnt.as_os_str().as_encoded_bytes()])
+}
+
 /// A seeded generator of pseudo-random byte strings (xorshift): `rnd(n)` gives n bytes.
 pub fn xorshift_bytes(mut seed: u64) -> impl FnMut(usize) -> Vec<u8> {
     move |n| {
