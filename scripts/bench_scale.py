@@ -125,6 +125,7 @@ class Scale:
         os.makedirs(self.tmp, exist_ok=True)
         self.archfs_bin = B.find_archfs(args)
         self.extra = shlex.split(args.archfs_args)
+        self.alt = shlex.split(args.scale_alt_args) if args.scale_alt_args else None
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -189,9 +190,15 @@ class Scale:
             return os.path.join(self.mntdir, f"{tag}-{name}")
         ts = [B.Archfs("archfs tar", ds["tar"], M("archfs-tar"), cap, self.archfs_bin,
                        self.extra)]
+        if self.alt is not None:
+            ts.append(B.Archfs("archfs alt tar", ds["tar"], M("archfs-alt-tar"), cap,
+                               self.archfs_bin, self.extra + self.alt))
         if "sqfs" in ds:
             ts.append(B.Archfs("archfs sqfs", ds["sqfs"], M("archfs-sqfs"), cap,
                                self.archfs_bin, self.extra))
+            if self.alt is not None:
+                ts.append(B.Archfs("archfs alt sqfs", ds["sqfs"], M("archfs-alt-sqfs"), cap,
+                                   self.archfs_bin, self.extra + self.alt))
             if shutil.which("squashfuse_ll"):
                 ts.append(B.Squashfuse("squashfuse_ll sqfs", ds["sqfs"], M("sqfs-ll"), cap,
                                        "squashfuse_ll"))
@@ -441,8 +448,7 @@ def report(s, main, args):
                "Medians; in brackets the ratio to the plain directory (ext4, same disk).")
     out.append("")
     m = res.get("main", {})
-    tools = [t for t in ("archfs tar", "archfs sqfs", "squashfuse_ll sqfs", "kernel sqfs",
-                         "plain dir") if t in m]
+    tools = [t for t in TOOLS if t in m]
     if tools:
         rows = []
         for label, metric in (("`find -type f`, cold", "find_cold"),
@@ -496,8 +502,7 @@ def report(s, main, args):
         walks.append((args.scale_files, m))
     walks.sort(key=lambda x: x[0])
     if len(walks) > 1:
-        tools = [t for t in ("archfs tar", "archfs sqfs", "squashfuse_ll sqfs", "kernel sqfs",
-                             "plain dir") if any(t in v for _, v in walks)]
+        tools = [t for t in TOOLS if any(t in v for _, v in walks)]
         rows = []
         for n, v in walks:
             rows.append([f"{n:,}"] + [f"{fmt(med(v.get(t, {}).get('find_cold')))} / "
@@ -535,6 +540,10 @@ def helper_imagefolder(argv):
     print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
 
 
+TOOLS = ("archfs tar", "archfs alt tar", "archfs sqfs", "archfs alt sqfs", "squashfuse_ll sqfs",
+         "kernel sqfs", "plain dir")
+
+
 def add_args(ap):
     g = ap.add_argument_group("scale mode (--scale; issue 15)")
     g.add_argument("--scale", action="store_true", help="ImageNet-scale namespace: metadata "
@@ -549,6 +558,8 @@ def add_args(ap):
     g.add_argument("--scale-epoch-tools", default="archfs,plain",
                    help="tools that run the first epochs (the kernel driver's cold epoch at "
                    "1.28 M files takes minutes a reader count)")
+    g.add_argument("--scale-alt-args", help="archfs options for a second archfs of each "
+                   "format, run beside the first as 'archfs alt tar|sqfs' (e.g. --prelist=never)")
     g.add_argument("--plot-dir", help="where PNG plots go (default WORKDIR/plots)")
 
 

@@ -3,11 +3,12 @@
 //!
 //! The kernel builds an inode and a dentry for every entry of a READDIRPLUS reply, in the
 //! thread that lists: about 4 µs an entry, 5 s of one core for ImageNet's 1.28 M files,
-//! which made ImageFolder's index 2.2x slower than on a plain directory. A directory
-//! listed once is listed again from the kernel's cache (FOPEN_CACHE_DIR) with no request
-//! and no inode to build. Listed ahead on another core, ImageFolder finds much of the tree
-//! done, and a stat or open by path (a dataset indexed by a file list) finds its dentry
-//! with no LOOKUP round trip: at 1.28 M files, 41 s became 4 s (docs/BENCHMARKS.md).
+//! which made ImageFolder's index 1.8-2.2x slower than on a plain directory (1.2-1.3x
+//! with this, on 2 cores). A directory listed once is listed again from the kernel's
+//! cache (FOPEN_CACHE_DIR) with no request and no inode to build. Listed ahead on another
+//! core, ImageFolder finds much of the tree done, and a stat or open by path (a dataset
+//! indexed by a file list) finds its dentry with no LOOKUP round trip: at 1.28 M files,
+//! 42.7 s became 6.0 s (docs/BENCHMARKS.md).
 //!
 //! A process, not a thread: a server thread blocked on a request to its own mount keeps a
 //! killed server from exiting (the kernel waits for the reply without end once the
