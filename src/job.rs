@@ -203,6 +203,9 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
         }
         Err(msg) => return Err(msg),
     };
+    // Before the mount is reported live, so `archfs mount` returns with the lister
+    // started; quiet when the server's stderr is about to go to /dev/null.
+    mount.start_listing(ready_fd.is_some() && log.is_none());
     ready.send_path(mount.path());
     if s.auto_mountpoint && ready_fd.is_none() {
         println!("{}", mount.path().display());
@@ -255,10 +258,11 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
     init_logging(s.debug, false);
     let (tx, rx) = channel();
     watch_signals(&FORWARDED, tx.clone());
-    let (mount, plan) = open_and_mount(s, tx.clone())?;
+    let (mut mount, plan) = open_and_mount(s, tx.clone())?;
     if let Some(plan) = plan {
         plan.start();
     }
+    mount.start_listing(false);
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
         .env("ARCHFS_MOUNTPOINT", mount.path());
@@ -497,6 +501,8 @@ pub enum Event {
 pub struct Mount {
     prepared: Prepared,
     watchdog: Option<Watchdog>,
+    /// The listing ahead is wanted, and with --debug or not.
+    list_ahead: Option<bool>,
     lister: Option<Lister>,
 }
 
@@ -585,23 +591,31 @@ impl Mount {
                 let _ = events.send(Event::Unmounted);
             })
             .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
-        let lister = (s.prelist && s.readdirplus == Readdirplus::Always)
-            .then(|| archive.stats().inodes)
-            .filter(|&n| prelist::fits(n, preload::available_memory()))
-            .and_then(|_| {
-                Lister::spawn(&prepared.path, s.debug)
-                    .inspect_err(|e| tracing::warn!("cannot start the listing process: {e}"))
-                    .ok()
-            });
+        let list_ahead = s.prelist
+            && s.readdirplus == Readdirplus::Always
+            && prelist::fits(archive.stats().inodes, preload::available_memory());
         Ok(Mount {
             prepared,
             watchdog: Some(watchdog),
-            lister,
+            list_ahead: list_ahead.then_some(s.debug),
+            lister: None,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.prepared.path
+    }
+
+    /// Starts the listing ahead ([`prelist`]) if wanted, with stderr at /dev/null when
+    /// `quiet`, else this process's. Never the terminal's or a pipe of a background
+    /// server's caller: one that captures the mount's stderr (Python's `archfs.mount`)
+    /// waits until every copy is closed.
+    pub fn start_listing(&mut self, quiet: bool) {
+        if let Some(debug) = self.list_ahead.take() {
+            self.lister = Lister::spawn(self.path(), debug, quiet)
+                .inspect_err(|e| tracing::warn!("cannot start the listing process: {e}"))
+                .ok();
+        }
     }
 
     /// Unmounts (lazily if files are still open), stops the watchdog and removes the

@@ -44,8 +44,9 @@ pub struct Lister {
 }
 
 impl Lister {
-    /// Starts `archfs __prelist ROOT`; it must start after the mount is live and served.
-    pub fn spawn(root: &Path, debug: bool) -> std::io::Result<Lister> {
+    /// Starts `archfs __prelist ROOT` once the mount is served, its stderr ours or, when
+    /// `quiet`, /dev/null.
+    pub fn spawn(root: &Path, debug: bool, quiet: bool) -> std::io::Result<Lister> {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("__prelist")
             .arg(root)
@@ -53,6 +54,11 @@ impl Lister {
             .arg(std::process::id().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(if quiet {
+                Stdio::null()
+            } else {
+                Stdio::inherit()
+            })
             // Out of the mount, so the lister never keeps it busy by its working directory.
             .current_dir("/");
         if debug {
