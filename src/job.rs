@@ -339,6 +339,15 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
         return Err(format!("{} is not mounted", path.display()));
     }
     let servers = mountpoint::servers_of(&path);
+    // The listing ahead has a directory open most of the time it runs, which would make
+    // the unmount lazy and this command return before the server is gone; it only warms
+    // the kernel's caches, so it ends first (a request it has in flight is answered).
+    let listers = mountpoint::listers_of(&path);
+    for &pid in &listers {
+        // SAFETY: kill has no memory preconditions; EPERM for another user's is harmless.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    mountpoint::wait_for_end(&listers, Duration::from_secs(2));
     let how = mountpoint::unmount(&path)
         .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
     // After a lazy unmount the server exits when the last open file is closed.

@@ -183,23 +183,40 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
 /// server's own command line says. `archfs unmount` waits for them, so the mount point a
 /// server created is gone when the command returns.
 pub fn servers_of(path: &Path) -> Vec<i32> {
+    helpers_of(b"__watchdog", path)
+        .into_iter()
+        .filter_map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok())
+        })
+        .collect()
+}
+
+/// The processes listing the mount on `path` (canonical) ahead (`archfs __prelist PATH`,
+/// src/prelist.rs).
+pub fn listers_of(path: &Path) -> Vec<i32> {
+    helpers_of(b"__prelist", path)
+}
+
+/// Processes started as `archfs TAG PATH ...`.
+fn helpers_of(tag: &[u8], path: &Path) -> Vec<i32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     let want = path.as_os_str().as_bytes();
     let mut pids = Vec::new();
     for e in procs.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
             continue;
         };
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if !(args.get(1) == Some(&&b"__watchdog"[..]) && args.get(2) == Some(&want)) {
-            continue;
+        if args.get(1) == Some(&tag) && args.get(2) == Some(&want) {
+            pids.push(pid);
         }
-        let ppid: Option<i32> = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
-        pids.extend(ppid);
     }
     pids
 }
@@ -208,6 +225,22 @@ pub fn servers_of(path: &Path) -> Vec<i32> {
 pub fn wait_for_exit(pids: &[i32], timeout: std::time::Duration) {
     let end = std::time::Instant::now() + timeout;
     while pids.iter().any(|&p| start_time(p).is_some()) && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Waits up to `timeout` for the processes to end with every thread: a process whose
+/// first thread is a zombie while another is still blocked in a FUSE request keeps its
+/// open files, and so keeps a mount busy.
+pub fn wait_for_end(pids: &[i32], timeout: std::time::Duration) {
+    let threads =
+        |pid: i32| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    let end = std::time::Instant::now() + timeout;
+    while pids
+        .iter()
+        .any(|&p| start_time(p).is_some() || threads(p) > 1)
+        && std::time::Instant::now() < end
+    {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

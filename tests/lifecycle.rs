@@ -170,6 +170,11 @@ impl Job {
             "{}: {what}: the listing process outlived the mount",
             self.who()
         );
+        assert!(
+            wait_for(DEADLINE, || pids_of_mount(&self.mnt).is_empty()),
+            "{}: {what}: the server outlived the mount",
+            self.who()
+        );
     }
 
     /// The actor reads a file through the mount.
@@ -319,12 +324,15 @@ fn server_endings(who: Who) {
     }
     kill(server, libc::SIGKILL);
     assert!(wait_for(DEADLINE, || pids_of_mount(&j.mnt).is_empty()));
-    let out = j.stage.command("stat").arg(&j.mnt).output().unwrap();
+    // A stat sent while the dying server's descriptor is being closed ends with
+    // "Software caused connection abort"; once it is closed, every one with "not
+    // connected".
+    let stat = || stderr_of(&j.stage.command("stat").arg(&j.mnt).output().unwrap());
     assert!(
-        stderr_of(&out).contains("not connected"),
+        wait_for(DEADLINE, || stat().contains("not connected")),
         "{}: expected a stale mount: {}",
         j.who(),
-        stderr_of(&out)
+        stat()
     );
     let server = j.mount();
     j.assert_readable();
@@ -577,8 +585,8 @@ fn push_endings(who: Who) {
 as_root_and_as_a_user!(push_endings);
 
 /// The server lists the tree ahead in a process of its own (src/prelist.rs): `mount` with
-/// its stderr captured returns while it lists; `archfs unmount`, SIGTERM and SIGKILL to
-/// the server while it lists, a reader holding a file open, still leave no mount and no
+/// its stderr captured returns while it lists; `archfs unmount` while it lists returns
+/// with the server gone; SIGTERM and SIGKILL to the server while it lists, a reader holding a file open, still leave no mount and no
 /// lister, and neither does `run` with a Python command that ends at once.
 fn prelist_endings(who: Who) {
     let mut j = Job::new("prelist", who);
@@ -603,49 +611,66 @@ fn prelist_endings(who: Who) {
             .arg(&j.img)
             .arg(&src),
     );
-    // As Python's archfs.mount() runs it: no --log, stderr captured to its end. That end
-    // must come once the mount is live, not once the listing ends, so the lister must not
-    // hold the pipe.
-    let out = j
-        .stage
-        .archfs()
-        .arg("mount")
-        .arg(&j.img)
-        .arg(&j.mnt)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}: {}", j.who(), stderr_of(&out));
-    let listers = lister_pids(&j.mnt);
-    assert!(
-        !listers.is_empty(),
-        "{}: `mount` with its stderr captured returned after the listing ended",
-        j.who()
-    );
-    for pid in listers {
-        let fd2 = std::fs::read_link(format!("/proc/{pid}/fd/2")).unwrap_or_default();
+    // The listing takes a few tenths of a second; on a loaded machine `mount` may return
+    // after it, so each step below mounts again (up to TRIES times) until it catches the
+    // lister running.
+    const TRIES: usize = 10;
+    let unmount = |j: &Job, what: &str| {
+        let t = Instant::now();
+        run_ok(j.stage.archfs().arg("unmount").arg(&j.mnt));
+        // `unmount` ends the listing first, so the unmount is not lazy and the server
+        // has exited when the command returns.
         assert!(
-            !fd2.to_string_lossy().starts_with("pipe:"),
-            "{}: the lister holds the caller's stderr {fd2:?}",
+            pids_of_mount(&j.mnt).is_empty(),
+            "{}: {what}: the server outlived `archfs unmount`",
             j.who()
         );
+        j.gone(t, what);
+    };
+    // As Python's archfs.mount() runs it: no --log, stderr captured to its end. That end
+    // must come once the mount is live, not once the listing ends (the lister must not
+    // hold the pipe), so the lister is seen running after some of these mounts.
+    let mut caught = false;
+    for _ in 0..TRIES {
+        let out = j
+            .stage
+            .archfs()
+            .arg("mount")
+            .arg(&j.img)
+            .arg(&j.mnt)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}: {}", j.who(), stderr_of(&out));
+        for pid in lister_pids(&j.mnt) {
+            caught = true;
+            let fd2 = std::fs::read_link(format!("/proc/{pid}/fd/2")).unwrap_or_default();
+            assert!(
+                !fd2.to_string_lossy().starts_with("pipe:"),
+                "{}: the lister holds the caller's stderr {fd2:?}",
+                j.who()
+            );
+        }
+        unmount(&j, "archfs unmount while listing ahead");
+        if caught {
+            break;
+        }
     }
-    let t = Instant::now();
-    run_ok(j.stage.archfs().arg("unmount").arg(&j.mnt));
-    j.gone(t, "archfs unmount while listing ahead");
-    // Lazily unmounted (the lister had a directory open): the server exits once the
-    // listing has ended on the detached tree.
     assert!(
-        wait_for(DEADLINE, || pids_of_mount(&j.mnt).is_empty()),
-        "{}: the server outlived its lazy unmount",
+        caught,
+        "{}: `mount` with its stderr captured returned after the listing ended, {TRIES} times",
         j.who()
     );
     for (name, sig) in [("SIGTERM", libc::SIGTERM), ("SIGKILL", libc::SIGKILL)] {
-        let server = j.mount();
-        assert!(
-            !lister_pids(&j.mnt).is_empty(),
-            "{}: no listing process running after the mount",
-            j.who()
-        );
+        let server = (0..TRIES)
+            .find_map(|_| {
+                let server = j.mount();
+                if lister_pids(&j.mnt).is_empty() {
+                    unmount(&j, "archfs unmount after the listing");
+                    return None;
+                }
+                Some(server)
+            })
+            .unwrap_or_else(|| panic!("{}: the lister never seen running", j.who()));
         let holder = j.hold();
         // Usually still listing: the holder's Python starts in well under the listing's
         // time, but a loaded machine may say otherwise.

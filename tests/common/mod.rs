@@ -221,7 +221,25 @@ pub fn pids_of_mount(mnt: &Path) -> Vec<i32> {
                 && args.iter().any(|a| a == mnt)
         })
         .map(|(pid, _)| pid)
+        .collect::<Vec<_>>()
+        .into_iter()
+        // A child the server is starting shows the server's command line until its exec.
+        .filter(|&pid| !child_of_a_server(pid, mnt))
         .collect()
+}
+
+/// Whether the parent of `pid` is itself a server of `mnt` (see [`pids_of_mount`]).
+fn child_of_a_server(pid: i32, mnt: &[u8]) -> bool {
+    let ppid: Option<i32> = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
+    let Some(ppid) = ppid else { return false };
+    std::fs::read(format!("/proc/{ppid}/cmdline")).is_ok_and(|c| {
+        let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+        args.iter().any(|a| a.ends_with(b"archfs"))
+            && args.contains(&&b"--ready-fd"[..])
+            && args.contains(&mnt)
+    })
 }
 
 pub fn stderr_of(out: &Output) -> String {
