@@ -352,7 +352,7 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
     // After a lazy unmount the server exits when the last open file is closed.
     if how == mountpoint::Unmounted::Now {
-        mountpoint::wait_for_exit(&servers, Duration::from_secs(5));
+        mountpoint::wait_for_end(&servers, Duration::from_secs(5));
     }
     Ok(())
 }

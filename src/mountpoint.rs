@@ -221,14 +221,6 @@ fn helpers_of(tag: &[u8], path: &Path) -> Vec<i32> {
     pids
 }
 
-/// Waits up to `timeout` for the processes to exit (a zombie counts as exited).
-pub fn wait_for_exit(pids: &[i32], timeout: std::time::Duration) {
-    let end = std::time::Instant::now() + timeout;
-    while pids.iter().any(|&p| start_time(p).is_some()) && std::time::Instant::now() < end {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// Waits up to `timeout` for the processes to end with every thread: a process whose
 /// first thread is a zombie while another is still blocked in a FUSE request keeps its
 /// open files, and so keeps a mount busy.

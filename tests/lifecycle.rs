@@ -37,6 +37,14 @@ macro_rules! as_root_and_as_a_user {
 }
 
 /// A staged image, mount point and training script for one actor.
+/// What every job's tree holds: `hello.txt`, which [`Job::assert_readable`] reads, and
+/// `sub/big.bin`, which [`Job::hold`] keeps open.
+fn base_tree(src: &Path) {
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
+    std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+}
+
 struct Job {
     stage: Stage,
     img: PathBuf,
@@ -51,9 +59,7 @@ impl Job {
     fn new(tag: &str, who: Who) -> Job {
         let stage = Stage::new(&format!("{tag}-{}", who.name()), who);
         let src = stage.dir.join("src");
-        std::fs::create_dir_all(src.join("sub")).unwrap();
-        std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
-        std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+        base_tree(&src);
         let img = stage.dir.join("small.sqfs");
         mksquashfs(&src, &img, &[]);
         let script =
@@ -516,9 +522,7 @@ as_root_and_as_a_user!(compressed_endings);
 fn push_endings(who: Who) {
     let mut j = Job::new("push", who);
     let src = j.stage.dir.join("psrc");
-    std::fs::create_dir_all(src.join("sub")).unwrap();
-    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
-    std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+    base_tree(&src);
     let mut bytes = xorshift_bytes(5);
     for i in 0..2000 {
         let d = src.join(format!("data/c{}", i % 8));
@@ -586,14 +590,13 @@ as_root_and_as_a_user!(push_endings);
 
 /// The server lists the tree ahead in a process of its own (src/prelist.rs): `mount` with
 /// its stderr captured returns while it lists; `archfs unmount` while it lists returns
-/// with the server gone; SIGTERM and SIGKILL to the server while it lists, a reader holding a file open, still leave no mount and no
-/// lister, and neither does `run` with a Python command that ends at once.
+/// with the server gone; SIGTERM and SIGKILL to the server while it lists, a reader
+/// holding a file open, still leave no mount and no lister, and neither does `run` with
+/// a Python command that ends at once.
 fn prelist_endings(who: Who) {
     let mut j = Job::new("prelist", who);
     let src = j.stage.dir.join("lsrc");
-    std::fs::create_dir_all(src.join("sub")).unwrap();
-    std::fs::write(src.join("hello.txt"), b"hello archfs\n").unwrap();
-    std::fs::write(src.join("sub/big.bin"), vec![42u8; 1 << 20]).unwrap();
+    base_tree(&src);
     // 100,000 names: at the kernel's ~4 µs an entry the listing takes most of a second,
     // while the signal follows the mount within a Python start-up. Written by Python's
     // tarfile: creating as many files first took this VM's /tmp 51 s.
