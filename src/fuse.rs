@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -16,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::archive::{Attr, Kind};
 use crate::error::Error;
+use crate::prelist::Ahead;
 use crate::vfs::Vfs;
 
 /// The archive never changes while mounted, so the kernel may keep what it learns.
@@ -38,6 +40,10 @@ pub struct ArchFs {
     vfs: Vfs,
     block_size: u32,
     readdirplus: Readdirplus,
+    /// The listing ahead, when on: its listings carry attributes, the job's need not.
+    ahead: Option<Arc<Ahead>>,
+    /// Open directory handles of the lister.
+    lister_dirs: Mutex<HashSet<u64>>,
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
     /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
@@ -46,12 +52,14 @@ pub struct ArchFs {
 }
 
 impl ArchFs {
-    pub fn new(vfs: Vfs, readdirplus: Readdirplus) -> ArchFs {
+    pub fn new(vfs: Vfs, readdirplus: Readdirplus, ahead: Option<Arc<Ahead>>) -> ArchFs {
         let block_size = vfs.archive().stats().block_size;
         ArchFs {
             vfs,
             block_size,
             readdirplus,
+            ahead,
+            lister_dirs: Mutex::new(HashSet::new()),
             logged: Mutex::new(HashSet::new()),
             lookups: AtomicU64::new(0),
         }
@@ -97,6 +105,12 @@ impl ArchFs {
     }
 }
 
+impl ArchFs {
+    fn is_lister_dir(&self, fh: FileHandle) -> bool {
+        self.ahead.is_some() && self.lister_dirs.lock().contains(&fh.0)
+    }
+}
+
 fn file_type(kind: Kind) -> FileType {
     match kind {
         Kind::File => FileType::RegularFile,
@@ -116,7 +130,12 @@ impl Filesystem for ArchFs {
         // 1 s -> 7 s, a stat of every file 64 s -> 9 s, a first epoch 48 s -> 31 s
         // (docs/BENCHMARKS.md, "ImageNet scale").
         let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
-        match self.readdirplus {
+        // The listing ahead needs the adaptive mode (see prelist::Ahead).
+        let mode = match self.ahead {
+            Some(_) => Readdirplus::Auto,
+            None => self.readdirplus,
+        };
+        match mode {
             Readdirplus::Always => wanted |= InitFlags::FUSE_DO_READDIRPLUS,
             Readdirplus::Auto => {
                 wanted |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
@@ -223,8 +242,15 @@ impl Filesystem for ArchFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let lister = self.ahead.as_ref().is_some_and(|a| a.is_lister(req.pid()));
         match self.vfs.opendir(ino.0) {
+            // The lister's listings go to the server even when the kernel has the
+            // directory cached from a listing of the job's, which made no inodes.
+            Ok(fh) if lister => {
+                self.lister_dirs.lock().insert(fh);
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Ok(fh) => reply.opened(
                 FileHandle(fh),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -245,7 +271,14 @@ impl Filesystem for ArchFs {
             Ok(l) => l,
             Err(e) => return reply.error(self.errno("readdir", ino.0, &e)),
         };
-        for (i, e) in listing.iter().enumerate().skip(offset as usize) {
+        // The lister wants attributes: one entry, whose lookup makes the kernel ask for
+        // them in the next request.
+        let most = if self.is_lister_dir(fh) {
+            1
+        } else {
+            usize::MAX
+        };
+        for (i, e) in listing.iter().enumerate().skip(offset as usize).take(most) {
             let name = OsStr::from_bytes(&e.name);
             if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), name) {
                 break;
@@ -268,10 +301,20 @@ impl Filesystem for ArchFs {
         };
         // With the kernel's adaptive mode, later parts of the listing may come as plain
         // READDIR, whose entries the kernel makes no inode for.
-        if offset == 0 && self.readdirplus == Readdirplus::Always {
-            self.vfs.listed_with_attrs(ino.0);
+        let mut most = usize::MAX;
+        if offset == 0 {
+            match &self.ahead {
+                None if self.readdirplus == Readdirplus::Always => {
+                    self.vfs.listed_with_attrs(ino.0)
+                }
+                None => {}
+                Some(_) if self.is_lister_dir(fh) => self.vfs.listed_with_attrs(ino.0),
+                // The kernel asks because this is the listing's start, not for a lookup
+                // in it: one entry (`.`), and the rest comes without attributes.
+                Some(_) => most = 1,
+            }
         }
-        for (i, e) in listing.iter().enumerate().skip(offset as usize) {
+        for (i, e) in listing.iter().enumerate().skip(offset as usize).take(most) {
             let attr = match self.vfs.archive().attr(e.ino) {
                 Ok(a) => self.attr(&a),
                 Err(err) => return reply.error(self.errno("readdirplus", e.ino, &err)),
@@ -300,6 +343,9 @@ impl Filesystem for ArchFs {
         reply: ReplyEmpty,
     ) {
         self.vfs.releasedir(fh.0);
+        if self.ahead.is_some() {
+            self.lister_dirs.lock().remove(&fh.0);
+        }
         reply.ok();
     }
 

@@ -512,6 +512,7 @@ pub struct Mount {
     watchdog: Option<Watchdog>,
     /// The listing ahead is wanted, and with --debug or not.
     list_ahead: Option<bool>,
+    ahead: Arc<prelist::Ahead>,
     lister: Option<Lister>,
 }
 
@@ -552,6 +553,10 @@ impl Mount {
         } else {
             SessionACL::Owner
         };
+        let list_ahead = s.prelist
+            && s.readdirplus == Readdirplus::Always
+            && prelist::fits(archive.stats().inodes, preload::available_memory());
+        let ahead = prelist::Ahead::new();
         // A second try covers the mount point vanishing between the checks and mount(2):
         // the server of a previous mount removing the directory it had created.
         let mut attempt = 0;
@@ -562,6 +567,7 @@ impl Mount {
             let fs = ArchFs::new(
                 Vfs::new(archive.clone(), trigger.clone()).with_push(push.clone()),
                 s.readdirplus,
+                list_ahead.then(|| ahead.clone()),
             );
             let session =
                 fuse_mount::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
@@ -600,13 +606,11 @@ impl Mount {
                 let _ = events.send(Event::Unmounted);
             })
             .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
-        let list_ahead = s.prelist
-            && s.readdirplus == Readdirplus::Always
-            && prelist::fits(archive.stats().inodes, preload::available_memory());
         Ok(Mount {
             prepared,
             watchdog: Some(watchdog),
             list_ahead: list_ahead.then_some(s.debug),
+            ahead,
             lister: None,
         })
     }
@@ -621,7 +625,7 @@ impl Mount {
     /// waits until every copy is closed.
     pub fn start_listing(&mut self, quiet: bool) {
         if let Some(debug) = self.list_ahead.take() {
-            self.lister = Lister::spawn(self.path(), debug, quiet)
+            self.lister = Lister::spawn(self.path(), &self.ahead, debug, quiet)
                 .inspect_err(|e| tracing::warn!("cannot start the listing process: {e}"))
                 .ok();
         }

@@ -15,9 +15,13 @@
 //! request was read), so its /dev/fuse stays open and the mount stays. The lister dies
 //! with the server (PR_SET_PDEATHSIG), and a server ending on its own kills it first.
 
+use std::ffi::{CStr, OsStr};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -38,6 +42,33 @@ pub fn fits(entries: u64, available: Option<u64>) -> bool {
     }
 }
 
+/// Which process lists ahead, so the server can tell its requests from the job's.
+///
+/// The job's listings need no attributes to be fast; the lister's are what build the
+/// kernel's inodes. The kernel is put in its adaptive READDIRPLUS mode, where a listing's
+/// first request carries attributes and later ones only after a lookup in that directory.
+/// The server answers the job's first request with one entry, so the job lists the rest
+/// without attributes (ImageFolder's index at 1.28 M files: 1.5 s, against 5.0 s with
+/// attributes and 2.6 s on a plain directory), while the lister asks for attributes on
+/// every request by a lookup between them, and bypasses the kernel's listing cache that the
+/// job's listing may have filled.
+#[derive(Debug, Default)]
+pub struct Ahead {
+    pid: AtomicU32,
+}
+
+impl Ahead {
+    pub fn new() -> Arc<Ahead> {
+        Arc::new(Ahead::default())
+    }
+
+    /// Whether thread `tid` (a FUSE request's pid) belongs to the lister.
+    pub fn is_lister(&self, tid: u32) -> bool {
+        let pid = self.pid.load(Ordering::Relaxed);
+        pid != 0 && Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+    }
+}
+
 /// The listing process of a mount.
 pub struct Lister {
     child: Child,
@@ -46,7 +77,7 @@ pub struct Lister {
 impl Lister {
     /// Starts `archfs __prelist ROOT` once the mount is served, its stderr ours or, when
     /// `quiet`, /dev/null.
-    pub fn spawn(root: &Path, debug: bool, quiet: bool) -> std::io::Result<Lister> {
+    pub fn spawn(root: &Path, ahead: &Ahead, debug: bool, quiet: bool) -> std::io::Result<Lister> {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("__prelist")
             .arg(root)
@@ -64,9 +95,9 @@ impl Lister {
         if debug {
             cmd.arg("--debug");
         }
-        Ok(Lister {
-            child: cmd.spawn()?,
-        })
+        let child = cmd.spawn()?;
+        ahead.pid.store(child.id(), Ordering::Relaxed);
+        Ok(Lister { child })
     }
 
     /// Kills the lister and reaps it. A request it has in flight is answered first, so
@@ -93,6 +124,9 @@ pub fn main(root: &Path, parent: i32) -> ExitCode {
         if libc::getppid() != parent {
             return ExitCode::FAILURE;
         }
+        // Spare CPU only: on a node whose cores the job keeps busy, the job's own
+        // listings and reads come first. Threads inherit it.
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
     }
     let threads = std::env::var("ARCHFS_PRELIST_THREADS")
         .ok()
@@ -169,23 +203,83 @@ impl Work {
         }
     }
 
-    /// Reads `dir` to its end (the kernel caches a listing only once it is complete).
+    /// Reads `dir` to its end with attributes, the kernel building an inode for each
+    /// entry. Returns its subdirectories.
     fn list(&self, dir: &Path) -> Vec<PathBuf> {
-        let Ok(rd) = std::fs::read_dir(dir) else {
+        // Before the open: tests/prelist.rs stops the lister and needs to know whether it
+        // has touched a directory yet.
+        tracing::debug!("listing {}", dir.display());
+        let Ok(d) = std::fs::File::open(dir) else {
             return Vec::new();
         };
+        let fd = d.as_raw_fd();
         let mut subdirs = Vec::new();
         let mut n = 0;
-        for e in rd {
-            let Ok(e) = e else { break };
-            n += 1;
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                subdirs.push(e.path());
+        let mut buf = vec![0u8; BUF_SIZE];
+        loop {
+            // SAFETY: fd is open (d lives to the end); the buffer is BUF_SIZE bytes.
+            let len =
+                unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+            if len <= 0 {
+                break;
+            }
+            let mut last: Option<&CStr> = None;
+            for (name, kind) in Dirents(&buf[..len as usize]) {
+                let bytes = name.to_bytes();
+                if bytes == b"." || bytes == b".." {
+                    continue;
+                }
+                n += 1;
+                if kind == libc::DT_DIR {
+                    subdirs.push(dir.join(OsStr::from_bytes(bytes)));
+                }
+                last = Some(name);
+            }
+            // A lookup of a listed name asks the kernel for attributes in the next request
+            // (the adaptive mode); any error is for the next request to show.
+            if let Some(name) = last {
+                let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+                // SAFETY: fd is open, name NUL-terminated, st large enough.
+                unsafe {
+                    libc::fstatat(
+                        fd,
+                        name.as_ptr(),
+                        st.as_mut_ptr(),
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                };
             }
         }
         self.dirs.fetch_add(1, Ordering::Relaxed);
         self.entries.fetch_add(n, Ordering::Relaxed);
         subdirs
+    }
+}
+
+/// A listing's buffer: larger than any FUSE reply (128 KiB), so every entry the kernel
+/// made an inode for is returned, and the name looked up is from the last reply.
+const BUF_SIZE: usize = 256 << 10;
+
+/// The `linux_dirent64` records of a getdents64 buffer: name and type.
+struct Dirents<'a>(&'a [u8]);
+
+impl<'a> Iterator for Dirents<'a> {
+    type Item = (&'a CStr, u8);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // d_ino: u64, d_off: i64, d_reclen: u16, d_type: u8, d_name.
+        const NAME: usize = 19;
+        let b = self.0;
+        if b.len() < NAME {
+            return None;
+        }
+        let reclen = usize::from(u16::from_ne_bytes([b[16], b[17]]));
+        if reclen < NAME || reclen > b.len() {
+            return None;
+        }
+        let name = CStr::from_bytes_until_nul(&b[NAME..reclen]).ok()?;
+        self.0 = &b[reclen..];
+        Some((name, b[18]))
     }
 }
 

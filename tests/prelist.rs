@@ -78,7 +78,12 @@ fn lookups(
         "{archive:?} with --prelist={prelist}: {diffs:#?}"
     );
     run_ok(archfs().arg("unmount").arg(&mnt));
-    let log = log_of(&log);
+    served_lookups(&log)
+}
+
+/// The server's count of LOOKUP requests, logged at unmount.
+fn served_lookups(log: &Path) -> u64 {
+    let log = log_of(log);
     log.lines()
         .find_map(|l| {
             l.split("served ")
@@ -134,4 +139,123 @@ fn after_the_listing_ahead_no_name_is_looked_up_in_a_tar() {
         ..CompareOpts::default()
     };
     check(&tar, &ex, &dir, &opts);
+}
+
+/// The job's own listings make no inodes (so ImageFolder's index is as fast as on a plain
+/// directory), and the listing ahead makes them all, also for directories the job listed
+/// first and the kernel has cached.
+#[test]
+fn the_jobs_listings_make_no_inodes_and_the_lister_makes_them_all() {
+    let dir = TempDir::new("prelist-job-first");
+    // `big` is what the lister lists last (last directory first); the 90,000 names
+    // before it keep it busy for a few tenths of a second after the mount.
+    let tar = dir.join("names.tar");
+    let script = "import sys,tarfile\n\
+        def d(t, n):\n\
+        \x20   i = tarfile.TarInfo(n); i.type = tarfile.DIRTYPE; i.mode = 0o755; t.addfile(i)\n\
+        with tarfile.open(sys.argv[1], 'w') as t:\n\
+        \x20   d(t, 'big')\n\
+        \x20   for i in range(2000): t.addfile(tarfile.TarInfo(f'big/f{i}'))\n\
+        \x20   for c in range(300):\n\
+        \x20       d(t, f'd{c:03}')\n\
+        \x20       for i in range(300): t.addfile(tarfile.TarInfo(f'd{c:03}/f{i}'))\n";
+    run_ok(Command::new("python3").args(["-c", script]).arg(&tar));
+    let names = |n: usize| -> Vec<String> {
+        let mut v: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+        v.sort();
+        v
+    };
+    let listed = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let log = dir.join("server.log");
+    let big = mnt.join("big");
+    let mut caught = false;
+    for _ in 0..10 {
+        let _ = std::fs::remove_file(&log);
+        run_ok(
+            archfs()
+                .args(["mount", "--log"])
+                .arg(&log)
+                .arg(&tar)
+                .arg(&mnt)
+                .env("ARCHFS_LOG", "info,archfs::prelist=debug")
+                .env("ARCHFS_PRELIST_THREADS", "1"),
+        );
+        // Past the root (listed first, then the last directory), so the job finds every
+        // directory known and looks up only the files it stats.
+        let past_root = format!("listing {}", mnt.join("d299").display());
+        wait_for(DEADLINE, || log_of(&log).contains(&past_root));
+        let listers = lister_pids(&mnt);
+        for &p in &listers {
+            kill(p, libc::SIGSTOP);
+        }
+        // Stopped once every thread is; one inside a request stops when it returns.
+        let stopped = |p: i32| {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+                return true;
+            };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap()
+                        .trim_start()
+                        .starts_with(['T', 't', 'Z', 'X'])
+                })
+            })
+        };
+        assert!(wait_for(DEADLINE, || listers.iter().all(|&p| stopped(p))));
+        if !listers.is_empty() && !log_of(&log).contains(&format!("listing {}", big.display())) {
+            caught = true;
+            break;
+        }
+        for &p in &listers {
+            kill(p, libc::SIGCONT);
+        }
+        run_ok(archfs().arg("unmount").arg(&mnt));
+    }
+    assert!(
+        caught,
+        "the lister reached {big:?} before it could be stopped, 10 times"
+    );
+
+    // The job lists `big` first: no inodes, so each stat is a LOOKUP.
+    assert_eq!(listed(&big), names(2000));
+    for i in 0..2000 {
+        std::fs::symlink_metadata(big.join(format!("f{i}"))).unwrap();
+    }
+    // And the rest of the tree, filling the kernel's listing cache.
+    for c in 0..300 {
+        assert_eq!(listed(&mnt.join(format!("d{c:03}"))), names(300));
+    }
+    for &p in &lister_pids(&mnt) {
+        kill(p, libc::SIGCONT);
+    }
+    let want = "listed 302 directories (92301 entries) ahead";
+    assert!(
+        wait_for(DEADLINE, || log_of(&log).contains(want)),
+        "no `{want}` in the log: {}",
+        log_of(&log)
+    );
+    // Every name is known now, the cached directories' included.
+    for c in 0..300 {
+        for i in 0..300 {
+            std::fs::symlink_metadata(mnt.join(format!("d{c:03}/f{i}"))).unwrap();
+        }
+    }
+    assert_eq!(listed(&big), names(2000));
+    run_ok(archfs().arg("unmount").arg(&mnt));
+    assert_eq!(
+        served_lookups(&log),
+        2000,
+        "LOOKUPs: one for each file of `big` stat'ed before the lister listed it, none after"
+    );
 }
