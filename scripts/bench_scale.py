@@ -574,6 +574,7 @@ def main(B, args):
     print(md)
     out = args.out if args.out != os.path.join(args.workdir, "result.md") else \
         os.path.join(args.workdir, "scale.md")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         f.write(md + "\n")
     jpath = os.path.splitext(out)[0] + ".json"

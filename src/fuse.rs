@@ -109,6 +109,14 @@ impl ArchFs {
     fn is_lister_dir(&self, fh: FileHandle) -> bool {
         self.ahead.is_some() && self.lister_dirs.lock().contains(&fh.0)
     }
+
+    /// The lister asks for the listing of `dir` from `offset`: at its end, the kernel has
+    /// taken in every earlier reply, so it holds an inode for every entry.
+    fn lister_at(&self, dir: INodeNo, offset: u64, len: usize) {
+        if offset >= len as u64 {
+            self.vfs.listed_with_attrs(dir.0);
+        }
+    }
 }
 
 fn file_type(kind: Kind) -> FileType {
@@ -274,6 +282,7 @@ impl Filesystem for ArchFs {
         // The lister wants attributes: one entry, whose lookup makes the kernel ask for
         // them in the next request.
         let most = if self.is_lister_dir(fh) {
+            self.lister_at(ino, offset, listing.len());
             1
         } else {
             usize::MAX
@@ -302,13 +311,14 @@ impl Filesystem for ArchFs {
         // With the kernel's adaptive mode, later parts of the listing may come as plain
         // READDIR, whose entries the kernel makes no inode for.
         let mut most = usize::MAX;
-        if offset == 0 {
+        if self.is_lister_dir(fh) {
+            self.lister_at(ino, offset, listing.len());
+        } else if offset == 0 {
             match &self.ahead {
                 None if self.readdirplus == Readdirplus::Always => {
                     self.vfs.listed_with_attrs(ino.0)
                 }
                 None => {}
-                Some(_) if self.is_lister_dir(fh) => self.vfs.listed_with_attrs(ino.0),
                 // The kernel asks because this is the listing's start, not for a lookup
                 // in it: one entry (`.`), and the rest comes without attributes.
                 Some(_) => most = 1,

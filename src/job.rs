@@ -557,6 +557,9 @@ impl Mount {
             && s.readdirplus == Readdirplus::Always
             && prelist::fits(archive.stats().inodes, preload::available_memory());
         let ahead = prelist::Ahead::new();
+        if let (true, Some(p)) = (list_ahead, &push) {
+            p.expect_whole_tree();
+        }
         // A second try covers the mount point vanishing between the checks and mount(2):
         // the server of a previous mount removing the directory it had created.
         let mut attempt = 0;

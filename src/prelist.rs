@@ -3,12 +3,11 @@
 //!
 //! The kernel builds an inode and a dentry for every entry of a READDIRPLUS reply, in the
 //! thread that lists: about 4 µs an entry, 5 s of one core for ImageNet's 1.28 M files,
-//! which made ImageFolder's index 1.8-2.2x slower than on a plain directory (1.2-1.3x
-//! with this, on 2 cores). A directory listed once is listed again from the kernel's
-//! cache (FOPEN_CACHE_DIR) with no request and no inode to build. Listed ahead on another
-//! core, ImageFolder finds much of the tree done, and a stat or open by path (a dataset
-//! indexed by a file list) finds its dentry with no LOOKUP round trip: at 1.28 M files,
-//! 42.7 s became 6.0 s (docs/BENCHMARKS.md).
+//! which made ImageFolder's index 1.8-2.2x slower than on a plain directory. So the two
+//! kinds of listing are told apart ([`Ahead`]): the job's carry no attributes and cost
+//! what a plain directory's do, the lister's carry them all, on spare CPU (nice 19). A
+//! stat or open by path (a dataset indexed by a file list) then finds its dentry with no
+//! LOOKUP round trip: at 1.28 M files, 42.7 s became 6.0 s (docs/BENCHMARKS.md).
 //!
 //! A process, not a thread: a server thread blocked on a request to its own mount keeps a
 //! killed server from exiting (the kernel waits for the reply without end once the
@@ -48,8 +47,8 @@ pub fn fits(entries: u64, available: Option<u64>) -> bool {
 /// kernel's inodes. The kernel is put in its adaptive READDIRPLUS mode, where a listing's
 /// first request carries attributes and later ones only after a lookup in that directory.
 /// The server answers the job's first request with one entry, so the job lists the rest
-/// without attributes (ImageFolder's index at 1.28 M files: 1.5 s, against 5.0 s with
-/// attributes and 2.6 s on a plain directory), while the lister asks for attributes on
+/// without attributes (ImageFolder's index at 1.28 M files, listings all without: 1.5 s,
+/// all with: 5.0 s, a plain directory: 2.6 s), while the lister asks for attributes on
 /// every request by a lookup between them, and bypasses the kernel's listing cache that the
 /// job's listing may have filled.
 #[derive(Debug, Default)]

@@ -6,52 +6,63 @@
 //!
 //! The kernel takes a push only for an inode it holds, and fuser reports a push to an
 //! unknown one as a success, so only the files of directories listed with their
-//! attributes (READDIRPLUS: the kernel made an inode for every entry) are pushed. This
-//! module sees the archive and a `store` callback, never fuser.
+//! attributes (READDIRPLUS: the kernel made an inode for every entry) are pushed. With the
+//! listing ahead (src/prelist.rs), which lists every directory so within seconds of the
+//! mount, the whole tree is pushed, each file once its directory is listed. This module
+//! sees the archive and a `store` callback, never fuser.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
-use crate::archive::{Archive, Kind};
+use crate::archive::{Archive, Kind, ROOT_INO};
 use crate::preload;
 
 /// Bytes a push carries at most; each comes from the archive's own read path.
 const PIECE: u32 = 1 << 20;
 /// Files a pushing thread takes at a time: neighbours in the archive, read in order.
 const CLAIM: usize = 64;
+/// How long the push waits for more directories to be listed before it ends, with files
+/// of unlisted ones left.
+const LISTING_WAIT: Duration = Duration::from_secs(2);
 
 /// Sends bytes of a file to the kernel: `store(ino, offset, data)`.
 pub type Store = Box<dyn Fn(u64, u64, &[u8]) -> std::io::Result<()> + Send + Sync>;
 
 pub struct Pusher {
     archive: Arc<dyn Archive>,
-    /// Directories listed with attributes, not yet pushed.
-    listed: Mutex<HashSet<u64>>,
+    /// Directories listed with attributes.
+    listed: RwLock<HashSet<u64>>,
+    /// The whole tree will be listed (the listing ahead runs): push every file.
+    whole_tree: AtomicBool,
     /// The files being pushed, and which of them a reader asked for first.
     batch: OnceLock<Batch>,
     store: OnceLock<Store>,
     started: AtomicBool,
 }
 
-/// Files in inode order (archive order for tar and for mksquashfs's images), with a bit
-/// per file set once a READ for it came: its pages are in the kernel already.
+/// Files in inode order (archive order for tar and for mksquashfs's images), each with
+/// its directory, and a bit per file set once a READ for it came (its pages are in the
+/// kernel already) or it was pushed.
 struct Batch {
     inos: Vec<u64>,
+    dirs: Vec<u64>,
     read: Vec<AtomicU64>,
 }
 
 impl Batch {
-    fn new(mut inos: Vec<u64>) -> Batch {
-        inos.sort_unstable();
-        inos.dedup();
-        let read = (0..inos.len().div_ceil(64))
+    /// From (file, directory) pairs.
+    fn new(mut files: Vec<(u64, u64)>) -> Batch {
+        files.sort_unstable();
+        files.dedup_by_key(|f| f.0);
+        let read = (0..files.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
             .collect();
-        Batch { inos, read }
+        let (inos, dirs) = files.into_iter().unzip();
+        Batch { inos, dirs, read }
     }
 
     fn mark(&self, ino: u64) {
@@ -67,13 +78,18 @@ impl Batch {
     fn is_read(&self, i: usize) -> bool {
         self.read[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
     }
+
+    fn set_read(&self, i: usize) {
+        self.read[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+    }
 }
 
 impl Pusher {
     pub fn new(archive: Arc<dyn Archive>) -> Pusher {
         Pusher {
             archive,
-            listed: Mutex::new(HashSet::new()),
+            listed: RwLock::new(HashSet::new()),
+            whole_tree: AtomicBool::new(false),
             batch: OnceLock::new(),
             store: OnceLock::new(),
             started: AtomicBool::new(false),
@@ -87,9 +103,48 @@ impl Pusher {
 
     /// `dir` was listed with its entries' attributes: the kernel holds their inodes.
     pub fn note_listed(&self, dir: u64) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.listed.lock().insert(dir);
+        self.listed.write().insert(dir);
+    }
+
+    /// Every directory is going to be listed with attributes: the push takes the whole
+    /// tree, each file once its directory is listed.
+    pub fn expect_whole_tree(&self) {
+        self.whole_tree.store(true, Ordering::Relaxed);
+    }
+
+    /// The files of `dirs` with their directory.
+    fn files_of(&self, dirs: &[u64], bytes: &mut u64) -> Vec<(u64, u64)> {
+        let mut files = Vec::new();
+        for &dir in dirs {
+            let Ok(entries) = self.archive.read_dir(dir) else {
+                continue;
+            };
+            for e in entries.iter().filter(|e| e.kind == Kind::File) {
+                if let Ok(a) = self.archive.attr(e.ino) {
+                    *bytes += a.size;
+                    files.push((e.ino, dir));
+                }
+            }
         }
+        files
+    }
+
+    /// Every directory of the archive.
+    fn all_dirs(&self) -> Vec<u64> {
+        let mut dirs = vec![ROOT_INO];
+        let mut i = 0;
+        while i < dirs.len() {
+            if let Ok(entries) = self.archive.read_dir(dirs[i]) {
+                dirs.extend(
+                    entries
+                        .iter()
+                        .filter(|e| e.kind == Kind::Dir)
+                        .map(|e| e.ino),
+                );
+            }
+            i += 1;
+        }
+        dirs
     }
 
     /// A READ asked for `ino`'s data: pushing it would copy it again.
@@ -118,20 +173,13 @@ impl Pusher {
         let Some(store) = self.store.get() else {
             return;
         };
-        let dirs: Vec<u64> = self.listed.lock().drain().collect();
-        let mut inos = Vec::new();
+        let dirs: Vec<u64> = if self.whole_tree.load(Ordering::Relaxed) {
+            self.all_dirs()
+        } else {
+            self.listed.read().iter().copied().collect()
+        };
         let mut bytes = 0u64;
-        for dir in dirs {
-            let Ok(entries) = self.archive.read_dir(dir) else {
-                continue;
-            };
-            for e in entries.iter().filter(|e| e.kind == Kind::File) {
-                if let Ok(a) = self.archive.attr(e.ino) {
-                    bytes += a.size;
-                    inos.push(e.ino);
-                }
-            }
-        }
+        let inos = self.files_of(&dirs, &mut bytes);
         if inos.is_empty() {
             return;
         }
@@ -161,12 +209,49 @@ impl Pusher {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let started = Instant::now();
-        let workers = push_threads();
-        let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
         let (files, pushed) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut passes = 0;
+        // A pass pushes the files of the directories listed so far; the next, those
+        // listed meanwhile, until none is left or no listing comes for a while.
+        loop {
+            passes += 1;
+            let listed_before = self.listed.read().len();
+            let left = self.pass(store, batch, &stop, &files, &pushed);
+            if left == 0 || stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let waiting = Instant::now();
+            while self.listed.read().len() == listed_before && waiting.elapsed() < LISTING_WAIT {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if self.listed.read().len() == listed_before {
+                tracing::info!("{left} files not pushed: their directories were not listed");
+                break;
+            }
+        }
+        tracing::info!(
+            "pushed {} files ({:.1} GB) into the page cache in {:.1} s ({passes} passes)",
+            files.into_inner(),
+            pushed.into_inner() as f64 / 1e9,
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Pushes, in order, the files not read yet whose directory is listed; returns the
+    /// files left for a directory not listed yet.
+    fn pass(
+        &self,
+        store: &Store,
+        batch: &Batch,
+        stop: &AtomicBool,
+        files: &AtomicU64,
+        pushed: &AtomicU64,
+    ) -> u64 {
+        let next = AtomicUsize::new(0);
+        let left = AtomicU64::new(0);
         std::thread::scope(|s| {
-            for _ in 0..workers {
+            for _ in 0..push_threads() {
                 s.spawn(|| {
                     while !stop.load(Ordering::Relaxed) {
                         let first = next.fetch_add(CLAIM, Ordering::Relaxed);
@@ -174,12 +259,24 @@ impl Pusher {
                             return;
                         }
                         let last = (first + CLAIM).min(batch.inos.len());
+                        let mut seen: Option<(u64, bool)> = None;
                         for i in first..last {
                             if batch.is_read(i) {
                                 continue;
                             }
+                            let dir = batch.dirs[i];
+                            let listed = match seen {
+                                Some((d, l)) if d == dir => l,
+                                _ => self.listed.read().contains(&dir),
+                            };
+                            seen = Some((dir, listed));
+                            if !listed {
+                                left.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
                             match self.push_file(store, batch.inos[i]) {
                                 Ok(n) => {
+                                    batch.set_read(i);
                                     files.fetch_add(1, Ordering::Relaxed);
                                     pushed.fetch_add(n, Ordering::Relaxed);
                                 }
@@ -194,12 +291,7 @@ impl Pusher {
                 });
             }
         });
-        tracing::info!(
-            "pushed {} files ({:.1} GB) into the page cache in {:.1} s",
-            files.into_inner(),
-            pushed.into_inner() as f64 / 1e9,
-            started.elapsed().as_secs_f64()
-        );
+        left.into_inner()
     }
 
     /// Pushes one file whole; the bytes pushed, or the error that ends all pushing (the
@@ -239,7 +331,8 @@ mod tests {
     #[test]
     fn a_batch_marks_the_files_read_by_inode_and_ignores_others() {
         let inos: Vec<u64> = (0..200u64).rev().map(|i| i * 3 + 1_000_000).collect();
-        let b = Batch::new([inos.clone(), vec![1_000_000]].concat());
+        let files: Vec<(u64, u64)> = inos.iter().map(|&i| (i, 1)).collect();
+        let b = Batch::new([files, vec![(1_000_000, 1)]].concat());
         assert_eq!(b.inos.len(), 200, "sorted and deduplicated");
         assert!(b.inos.windows(2).all(|w| w[0] < w[1]));
         b.mark(1_000_000 + 3 * 70);
