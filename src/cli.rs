@@ -189,7 +189,7 @@ struct ServeArgs {
     preload: Preload,
     /// Whether directory listings carry each entry's attributes, so that stat or open of
     /// a listed file needs no further request: `always`, `auto` (the kernel decides per
-    /// listing) or `never`.
+    /// listing) or `never`. With the listing ahead, the lister's carry them, the job's not.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Readdirplus::Always)]
     readdirplus: Readdirplus,
     /// List the whole tree in the background once mounted (last directory first, on

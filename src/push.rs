@@ -342,4 +342,99 @@ mod tests {
         let read: Vec<usize> = (0..b.inos.len()).filter(|&i| b.is_read(i)).collect();
         assert_eq!(read, vec![70, 199]);
     }
+
+    /// A ustar member: header and data padded to 512 bytes.
+    fn member(out: &mut Vec<u8>, name: &str, kind: u8, data: &[u8]) {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000755\0");
+        h[108..116].copy_from_slice(b"0000000\0");
+        h[116..124].copy_from_slice(b"0000000\0");
+        h[124..136].copy_from_slice(format!("{:011o}\0", data.len()).as_bytes());
+        h[136..148].copy_from_slice(b"00000000000\0");
+        h[156] = kind;
+        h[257..265].copy_from_slice(b"ustar\x0000");
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        out.resize(out.len().next_multiple_of(512), 0);
+    }
+
+    #[test]
+    fn the_whole_tree_is_pushed_each_file_once_its_directory_is_listed() {
+        let dir = std::env::temp_dir().join(format!("archfs-push-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut tar = Vec::new();
+        for d in ["a", "b"] {
+            member(&mut tar, &format!("{d}/"), b'5', b"");
+            for i in 0..3 {
+                member(
+                    &mut tar,
+                    &format!("{d}/{i}"),
+                    b'0',
+                    format!("{d}{i}").as_bytes(),
+                );
+            }
+        }
+        tar.resize(tar.len() + 1024, 0);
+        let path = dir.join("t.tar");
+        std::fs::write(&path, &tar).unwrap();
+        let archive = crate::archive::open(&path, &crate::cache::CacheConfig::default()).unwrap();
+        let ino = |d: &str| archive.lookup(ROOT_INO, d.as_bytes()).unwrap().ino;
+        let files_of = |d: &str| -> Vec<u64> {
+            let mut v: Vec<u64> = archive
+                .read_dir(ino(d))
+                .unwrap()
+                .iter()
+                .map(|e| e.ino)
+                .collect();
+            v.sort();
+            v
+        };
+        let stored = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let p = Arc::new(Pusher::new(archive.clone()));
+        let to = stored.clone();
+        p.set_store(Box::new(move |ino, at, data| {
+            to.lock().push((ino, at, data.to_vec()));
+            Ok(())
+        }));
+        p.expect_whole_tree();
+        p.note_listed(ino("a"));
+        p.start();
+        let pushed = || {
+            let mut v: Vec<u64> = stored.lock().iter().map(|s| s.0).collect();
+            v.sort();
+            v
+        };
+        let wait = |want: &[u64]| {
+            let end = Instant::now() + Duration::from_secs(30);
+            while pushed() != want && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            pushed()
+        };
+        assert_eq!(
+            wait(&files_of("a")),
+            files_of("a"),
+            "only a's files while b is unlisted"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            pushed(),
+            files_of("a"),
+            "b's files pushed before b was listed"
+        );
+        // Listed within LISTING_WAIT: the next pass takes b's files, each once.
+        p.note_listed(ino("b"));
+        let all = [files_of("a"), files_of("b")].concat();
+        assert_eq!(wait(&all), all);
+        for (ino, at, data) in stored.lock().iter() {
+            assert_eq!(*at, 0);
+            assert_eq!(data, &archive.read(*ino, 0, 100).unwrap().to_vec());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
