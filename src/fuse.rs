@@ -42,8 +42,6 @@ pub struct ArchFs {
     readdirplus: Readdirplus,
     /// The listing ahead, when on: its listings carry attributes, the job's need not.
     ahead: Option<Arc<Ahead>>,
-    /// Open directory handles of the lister.
-    lister_dirs: Mutex<HashSet<u64>>,
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
     /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
@@ -59,7 +57,6 @@ impl ArchFs {
             block_size,
             readdirplus,
             ahead,
-            lister_dirs: Mutex::new(HashSet::new()),
             logged: Mutex::new(HashSet::new()),
             lookups: AtomicU64::new(0),
         }
@@ -106,10 +103,6 @@ impl ArchFs {
 }
 
 impl ArchFs {
-    fn is_lister_dir(&self, fh: FileHandle) -> bool {
-        self.ahead.is_some() && self.lister_dirs.lock().contains(&fh.0)
-    }
-
     /// The lister asks for the listing of `dir` from `offset`: at its end, the kernel has
     /// taken in every earlier reply, so it holds an inode for every entry.
     fn lister_at(&self, dir: INodeNo, offset: u64, len: usize) {
@@ -252,13 +245,10 @@ impl Filesystem for ArchFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let lister = self.ahead.as_ref().is_some_and(|a| a.is_lister(req.pid()));
-        match self.vfs.opendir(ino.0) {
+        match self.vfs.opendir(ino.0, lister) {
             // The lister's listings go to the server even when the kernel has the
             // directory cached from a listing of the job's, which made no inodes.
-            Ok(fh) if lister => {
-                self.lister_dirs.lock().insert(fh);
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
-            }
+            Ok(fh) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Ok(fh) => reply.opened(
                 FileHandle(fh),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -281,15 +271,15 @@ impl Filesystem for ArchFs {
         };
         // The lister wants attributes: one entry, whose lookup makes the kernel ask for
         // them in the next request.
-        let most = if self.is_lister_dir(fh) {
-            self.lister_at(ino, offset, listing.len());
+        let most = if listing.by_lister {
+            self.lister_at(ino, offset, listing.entries.len());
             1
         } else {
             usize::MAX
         };
-        for (i, e) in listing.iter().enumerate().skip(offset as usize).take(most) {
+        for (next, e) in listing.part(offset, most) {
             let name = OsStr::from_bytes(&e.name);
-            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), name) {
+            if reply.add(INodeNo(e.ino), next, file_type(e.kind), name) {
                 break;
             }
         }
@@ -311,8 +301,8 @@ impl Filesystem for ArchFs {
         // With the kernel's adaptive mode, later parts of the listing may come as plain
         // READDIR, whose entries the kernel makes no inode for.
         let mut most = usize::MAX;
-        if self.is_lister_dir(fh) {
-            self.lister_at(ino, offset, listing.len());
+        if listing.by_lister {
+            self.lister_at(ino, offset, listing.entries.len());
         } else if offset == 0 {
             match &self.ahead {
                 None if self.readdirplus == Readdirplus::Always => {
@@ -324,20 +314,13 @@ impl Filesystem for ArchFs {
                 Some(_) => most = 1,
             }
         }
-        for (i, e) in listing.iter().enumerate().skip(offset as usize).take(most) {
+        for (next, e) in listing.part(offset, most) {
             let attr = match self.vfs.archive().attr(e.ino) {
                 Ok(a) => self.attr(&a),
                 Err(err) => return reply.error(self.errno("readdirplus", e.ino, &err)),
             };
             let name = OsStr::from_bytes(&e.name);
-            if reply.add(
-                INodeNo(e.ino),
-                i as u64 + 1,
-                name,
-                &TTL,
-                &attr,
-                Generation(0),
-            ) {
+            if reply.add(INodeNo(e.ino), next, name, &TTL, &attr, Generation(0)) {
                 break;
             }
         }
@@ -353,9 +336,6 @@ impl Filesystem for ArchFs {
         reply: ReplyEmpty,
     ) {
         self.vfs.releasedir(fh.0);
-        if self.ahead.is_some() {
-            self.lister_dirs.lock().remove(&fh.0);
-        }
         reply.ok();
     }
 

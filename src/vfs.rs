@@ -12,10 +12,31 @@ use crate::error::{Error, Result};
 use crate::preload::Trigger;
 use crate::push::Pusher;
 
+/// An open directory's entries, `.` and `..` first.
+#[derive(Clone)]
+pub struct Listing {
+    pub entries: Arc<Vec<DirEntry>>,
+    /// Opened by the listing ahead (src/prelist.rs), whose listings carry attributes.
+    pub by_lister: bool,
+}
+
+impl Listing {
+    /// At most `most` entries from `offset`, each with the offset that follows it.
+    pub fn part(&self, offset: u64, most: usize) -> impl Iterator<Item = (u64, &DirEntry)> {
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(from)
+            .take(most)
+            .map(|(i, e)| (i as u64 + 1, e))
+    }
+}
+
 pub struct Vfs {
     archive: Arc<dyn Archive>,
     /// Listings of open directories: readdir resumes by index, never by re-scanning.
-    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    dirs: Mutex<HashMap<u64, Listing>>,
     next_handle: AtomicU64,
     /// `--preload=auto`, told of every read.
     preload: Option<Arc<Trigger>>,
@@ -53,7 +74,7 @@ impl Vfs {
     }
 
     /// Reads the listing once, with `.` and `..` first, and returns a handle to it.
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
+    pub fn opendir(&self, ino: u64, by_lister: bool) -> Result<u64> {
         let entries = self.archive.read_dir(ino)?;
         let mut listing = Vec::with_capacity(entries.len() + 2);
         for name in [&b"."[..], b".."] {
@@ -65,7 +86,13 @@ impl Vfs {
         }
         listing.extend(entries);
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(fh, Arc::new(listing));
+        self.dirs.lock().insert(
+            fh,
+            Listing {
+                entries: Arc::new(listing),
+                by_lister,
+            },
+        );
         Ok(fh)
     }
 
@@ -76,7 +103,7 @@ impl Vfs {
         }
     }
 
-    pub fn listing(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+    pub fn listing(&self, fh: u64) -> Result<Listing> {
         self.dirs
             .lock()
             .get(&fh)
