@@ -201,7 +201,8 @@ fn zstd_frames_are_entry_points_and_one_frame_is_staged() {
     let info = check(&dir, &one, "zstd", true);
     assert!(info.contains("decoded copy"), "{info}");
     // pzstd's frames, and frames of every kind of header (with and without checksums
-    // and sizes, skippable frames between) cut from the tar and concatenated: decoded in
+    // and sizes, skippable frames between, one shaped like pzstd's size of the next
+    // frame but giving a wrong size) cut from the tar and concatenated: decoded in
     // parallel by the indexing pass.
     for (name, frames, script) in [
         ("pzstd", 2, "pzstd -q -p 2 -c < \"$IN\" > \"$OUT\""),
@@ -210,6 +211,7 @@ fn zstd_frames_are_entry_points_and_one_frame_is_staged() {
             3,
             "head -c 1000000 \"$IN\" | zstd -q --no-check -c > \"$OUT\"; \
              printf '\\120\\052\\115\\030\\003\\0\\0\\0abc' >> \"$OUT\"; \
+             printf '\\120\\052\\115\\030\\004\\0\\0\\0\\144\\0\\0\\0' >> \"$OUT\"; \
              tail -c +1000001 \"$IN\" | head -c 1000000 | zstd -q -19 --no-content-size -c >> \"$OUT\"; \
              tail -c +2000001 \"$IN\" | zstd -q -c >> \"$OUT\"",
         ),

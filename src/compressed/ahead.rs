@@ -44,6 +44,11 @@ impl Window {
         self.src.len()
     }
 
+    /// The archive, through the window's own descriptor.
+    pub fn src(&self) -> &Source {
+        &self.src
+    }
+
     /// The `len` bytes at `at`; `None` if the archive ends first.
     pub fn get(&mut self, at: u64, len: usize) -> Result<Option<&[u8]>> {
         let end = at + len as u64;
@@ -80,9 +85,9 @@ pub trait Split: Send + 'static {
 }
 
 /// Decodes a piece, handing its output on in chunks: the sink takes the vector's
-/// contents and leaves an empty one in its place (recycled: fresh 1 MiB allocations cost
-/// a page fault per 4 KiB, more than the decoding of stored zstd blocks); stops early
-/// when the sink returns false.
+/// contents and leaves a used one in its place, stale bytes and all (recycled: fresh 1
+/// MiB allocations cost a page fault per 4 KiB, more than the decoding of stored zstd
+/// blocks); stops early when the sink returns false.
 pub type DecodeFn = dyn Fn(Piece, &mut dyn FnMut(&mut Vec<u8>) -> bool) -> Result<()> + Send + Sync;
 
 /// Decoded bytes ahead of the reader, over all workers.
@@ -283,9 +288,11 @@ impl Decoder for Ahead {
             match chunk {
                 Chunk::Data(d) => {
                     st.buffered -= d.len();
-                    let mut old = std::mem::replace(&mut self.chunk, d);
+                    let old = std::mem::replace(&mut self.chunk, d);
+                    // Handed back with its stale bytes: a worker's resize to the chunk
+                    // size then writes nothing (zeroing every chunk was 10% of a pzstd
+                    // index's CPU).
                     if st.spare.len() < 8 && old.capacity() > 0 {
-                        old.clear();
                         st.spare.push(old);
                     }
                     self.used = 0;

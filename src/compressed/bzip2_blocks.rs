@@ -401,10 +401,7 @@ mod tests {
     }
 
     fn decode_all(bytes: &[u8], name: &str) -> Result<(Vec<u8>, usize)> {
-        let path = std::env::temp_dir().join(format!("archfs-bz2-{}-{name}", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        let src = Arc::new(Source::open(&path)?);
-        std::fs::remove_file(&path).unwrap();
+        let src = crate::compressed::source_of(bytes, &format!("bz2-{name}"));
         let mut pieces = Blocks::new(&src);
         let mut n = 0;
         while pieces.next()?.is_some() {

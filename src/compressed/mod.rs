@@ -177,6 +177,16 @@ fn mixed(len: usize, seed: u64, shift: u32, text: &[u8]) -> Vec<u8> {
         .collect()
 }
 
+/// Test data as an archive file (removed at once: the source keeps it open).
+#[cfg(test)]
+fn source_of(bytes: &[u8], name: &str) -> Arc<Source> {
+    let path = std::env::temp_dir().join(format!("archfs-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let src = Arc::new(Source::open(&path).unwrap());
+    std::fs::remove_file(&path).unwrap();
+    src
+}
+
 /// Fills `out` completely unless the stream ends first; returns the bytes written.
 fn fill(dec: &mut dyn Decoder, out: &mut [u8]) -> Result<usize> {
     let mut done = 0;
@@ -505,8 +515,10 @@ pub struct Scan<'a> {
 struct ScanState<'a> {
     dec: Box<dyn Decoder>,
     src: Arc<Source>,
-    /// Decoded bytes `[start, start + buf.len())`.
+    /// Decoded bytes `[start, start + filled)` at the front of `buf`, which keeps its
+    /// length, so decoding into it writes no zeros first.
     buf: Vec<u8>,
+    filled: usize,
     start: u64,
     points: Points,
     /// The last entry point's whole window, until a window's length of output past it
@@ -551,6 +563,7 @@ impl<'a> Scan<'a> {
                 dec: codec.stream(src)?,
                 src: src.clone(),
                 buf: Vec::new(),
+                filled: 0,
                 start: 0,
                 points,
                 unthinned: None,
@@ -596,7 +609,7 @@ impl<'a> Scan<'a> {
 
 impl ScanState<'_> {
     fn end(&self) -> u64 {
-        self.start + self.buf.len() as u64
+        self.start + self.filled as u64
     }
 
     /// Hands the last entry point's window to be made sparse once the stream decoded up
@@ -612,7 +625,10 @@ impl ScanState<'_> {
         let whole = self.unthinned.take().unwrap_or_default();
         let from = p.output.saturating_sub(self.start) as usize;
         let upto = (decoded.saturating_sub(self.start) as usize).min(from + window::CHECKED);
-        let after = self.buf.get(from..upto).unwrap_or_default().to_vec();
+        let after = self.buf[..self.filled]
+            .get(from..upto)
+            .unwrap_or_default()
+            .to_vec();
         let thinner = match &mut self.thinner {
             Some(t) => t,
             None => self.thinner.insert(window::Thinner::new(self.src.clone())?),
@@ -640,16 +656,19 @@ impl ScanState<'_> {
         }
         // Dropped in large pieces, so the kept tail is moved once per few MiB decoded
         // (moving it every step cost the zstd index 2.8x its decoder's time).
-        if self.buf.len() >= KEEP + 16 * STEP {
-            let drop = self.buf.len() - KEEP;
-            self.buf.drain(..drop);
+        if self.filled >= KEEP + 16 * STEP {
+            let drop = self.filled - KEEP;
+            self.buf.copy_within(drop..self.filled, 0);
+            self.filled = KEEP;
             self.start += drop as u64;
         }
-        let have = self.buf.len();
-        self.buf.resize(have + STEP, 0);
+        let have = self.filled;
+        if self.buf.len() < have + STEP {
+            self.buf.resize(have + STEP, 0);
+        }
         let mut done = 0;
         while done < STEP && !self.dec.ended() {
-            let n = self.dec.read(&mut self.buf[have + done..])?;
+            let n = self.dec.read(&mut self.buf[have + done..have + STEP])?;
             self.sums.feed(&self.buf[have + done..have + done + n]);
             done += n;
             let at = self.start + (have + done) as u64;
@@ -664,7 +683,7 @@ impl ScanState<'_> {
                 }
             }
         }
-        self.buf.truncate(have + done);
+        self.filled = have + done;
         self.thin(self.end(), false)?;
         (self.progress)(self.dec.input_pos());
         Ok(true)

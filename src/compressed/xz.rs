@@ -387,7 +387,7 @@ impl Decoder for BlockRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compressed::fill;
+    use crate::compressed::{fill, source_of};
 
     /// xz of `data` in blocks of `block` bytes, with `check` (liblzma's threaded encoder,
     /// as `xz -T0`).
@@ -415,14 +415,6 @@ mod tests {
         crate::compressed::mixed(len, seed, 14, b"xz blocks\n")
     }
 
-    fn source(bytes: &[u8], name: &str) -> Arc<Source> {
-        let path = std::env::temp_dir().join(format!("archfs-xz-{}-{name}", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        let src = Arc::new(Source::open(&path).unwrap());
-        std::fs::remove_file(&path).unwrap();
-        src
-    }
-
     /// Two streams (different checks) with stream padding between: the blocks from their
     /// indexes, and every block decoded on from its own header to the archive's end.
     #[test]
@@ -432,7 +424,7 @@ mod tests {
         let mut bytes = xz(&a, 100_000, Check::Crc64);
         bytes.extend_from_slice(&[0; 8]);
         bytes.extend(xz(&b, 64 << 10, Check::Sha256));
-        let src = source(&bytes, "streams");
+        let src = source_of(&bytes, "xz-streams");
         let found = blocks(&src).unwrap();
         let want: Vec<u64> = (0..7)
             .map(|i| i * 100_000)
@@ -460,16 +452,16 @@ mod tests {
     #[test]
     fn damaged_indexes_and_truncation_are_errors() {
         let bytes = xz(&data(300_000, 3), 50_000, liblzma::stream::Check::Crc32);
-        let good = blocks(&source(&bytes, "good")).unwrap();
+        let good = blocks(&source_of(&bytes, "xz-good")).unwrap();
         for at in (0..bytes.len()).rev().take(200).chain(0..40) {
             let mut b = bytes.clone();
             b[at] ^= 0x41;
-            let got = blocks(&source(&b, "bad"));
+            let got = blocks(&source_of(&b, "xz-bad"));
             assert!(got.is_err() || got.unwrap() == good, "byte {at}");
         }
         for cut in [1, 11, 12, 13, 100, bytes.len() / 2, bytes.len() - 1] {
             assert!(
-                blocks(&source(&bytes[..cut], "cut")).is_err(),
+                blocks(&source_of(&bytes[..cut], "xz-cut")).is_err(),
                 "cut at {cut}"
             );
         }

@@ -2,7 +2,9 @@
 //! that needs no saved state (pzstd, `zstd --block-size`-style writers and the seekable
 //! format cut their output into frames; `zstd -T0` and `tar --zstd` write one frame).
 
-use zstd::zstd_safe::{get_error_name, DCtx, InBuffer, OutBuffer};
+use zstd::zstd_safe::{
+    decompress_bound, find_frame_compressed_size, get_error_name, DCtx, InBuffer, OutBuffer,
+};
 
 use super::ahead::{Ahead, DecodeFn, Piece, Split, Window};
 use super::{Decoder, Input, Point};
@@ -123,6 +125,12 @@ pub fn stream(src: &Arc<Source>, threads: usize) -> Result<Box<dyn Decoder>> {
 /// than this is decoded by one thread anyway.
 const PROBE: u64 = 256 << 20;
 const ZSTD_MAGIC: u32 = 0xfd2f_b528;
+/// The skippable frame pzstd writes before each frame.
+const PZSTD_MAGIC: u32 = 0x184d_2a50;
+/// Archive bytes past a frame asked for when it is handed out.
+const READ_AHEAD: u64 = 8 << 20;
+/// Frames up to this size (compressed, and decoded) are decoded in one call.
+const WHOLE: u64 = 32 << 20;
 /// Decoded bytes handed on at a time.
 const CHUNK: usize = 1 << 20;
 
@@ -133,6 +141,47 @@ struct FrameSplit {
 }
 
 impl FrameSplit {
+    /// `N` bytes read on their own, not through the window: frame headers read so are
+    /// all the splitter reads of a pzstd archive.
+    fn peek<const N: usize>(&mut self, at: u64) -> Result<[u8; N]> {
+        let mut b = [0u8; N];
+        if at + N as u64 > self.window.len() {
+            return Err(Error::corrupt(format!(
+                "zstd stream is truncated at offset {at}"
+            )));
+        }
+        self.window.src().read_exact_at(at, &mut b)?;
+        Ok(b)
+    }
+
+    /// pzstd puts a 4-byte skippable frame holding the next frame's compressed size
+    /// before each frame: with it the frame is found from its two ends, without reading
+    /// its block headers, which are spread through all of it. Trusted only when a frame
+    /// starts there and the archive ends or another frame starts after it; the decoder
+    /// checks the frame ends there.
+    fn hinted(&mut self, magic: u32, size: u32, limit: u64) -> Result<Option<Piece>> {
+        if magic != PZSTD_MAGIC || size != 4 {
+            return Ok(None);
+        }
+        let start = self.at;
+        let len = u64::from(u32::from_le_bytes(self.peek(start - 4)?));
+        let end = start + len;
+        if len < 6 || len > limit || end > self.window.len() {
+            return Ok(None);
+        }
+        let ok = |m: u32| m == ZSTD_MAGIC || m & 0xffff_fff0 == 0x184d_2a50;
+        if !ok(u32::from_le_bytes(self.peek(start)?))
+            || end + 4 <= self.window.len() && !ok(u32::from_le_bytes(self.peek(end)?))
+            || end < self.window.len() && end + 4 > self.window.len()
+        {
+            return Ok(None);
+        }
+        // Workers read a frame when they take it; the next is asked for now, so a cold
+        // disk has it coming while they decode.
+        self.window.src().will_need(end, READ_AHEAD);
+        Ok(Some(Piece { input: start, end }))
+    }
+
     fn read<const N: usize>(&mut self, at: u64) -> Result<[u8; N]> {
         match self.window.get(at, N)? {
             Some(b) => Ok(b.try_into().expect("N bytes")),
@@ -149,10 +198,14 @@ impl FrameSplit {
                 return Ok(None);
             }
             let start = self.at;
-            let magic = u32::from_le_bytes(self.read(start)?);
+            let magic = u32::from_le_bytes(self.peek(start)?);
             if magic & 0xffff_fff0 == 0x184d_2a50 {
-                let size = u32::from_le_bytes(self.read(start + 4)?);
+                let size = u32::from_le_bytes(self.peek(start + 4)?);
                 self.at = start + 8 + u64::from(size);
+                if let Some(piece) = self.hinted(magic, size, limit)? {
+                    self.at = piece.end;
+                    return Ok(Some(piece));
+                }
                 continue;
             }
             if magic != ZSTD_MAGIC {
@@ -212,6 +265,54 @@ impl Split for FrameSplit {
     }
 }
 
+thread_local! {
+    /// A worker's copy of the frame it decodes, kept for the next.
+    static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Its decoded output buffer.
+    static OUT: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Decodes a frame read whole into memory with one call into a buffer its blocks say it
+/// fits (stored blocks copied once, not through the decoder's window as well): a warm
+/// pzstd index took 0.23 s so against 0.15 s for `zstd -dc`. `None` when its decoded
+/// size would pass [`WHOLE`] (false); the caller streams it then.
+fn whole_frame(
+    src: &Source,
+    dctx: &mut DCtx<'static>,
+    piece: Piece,
+    out: &mut Vec<u8>,
+) -> Result<bool> {
+    FRAME.with_borrow_mut(|frame| {
+        let len = (piece.end - piece.input) as usize;
+        if frame.len() < len {
+            frame.resize(len, 0);
+        }
+        let frame = &mut frame[..len];
+        src.read_exact_at(piece.input, frame)?;
+        let damaged = |code| {
+            Error::corrupt(format!(
+                "zstd data is damaged in the frame at offset {} ({})",
+                piece.input,
+                get_error_name(code)
+            ))
+        };
+        if find_frame_compressed_size(frame).map_err(damaged)? != len {
+            return Err(Error::corrupt(format!(
+                "zstd frame at offset {} does not end where its size says",
+                piece.input
+            )));
+        }
+        let bound = decompress_bound(frame).map_err(damaged)?;
+        if bound > WHOLE {
+            return Ok(false);
+        }
+        out.clear();
+        out.reserve(bound as usize);
+        dctx.decompress(out, frame).map_err(damaged)?;
+        Ok(true)
+    })
+}
+
 /// Decodes one frame, checking it ends where its headers said.
 fn decode_frames(src: &Arc<Source>) -> Arc<DecodeFn> {
     let src = src.clone();
@@ -221,6 +322,18 @@ fn decode_frames(src: &Arc<Source>) -> Arc<DecodeFn> {
             // kernel then turns down as for random reads: ask for the frame at once.
             src.will_need(piece.input, piece.end - piece.input);
             let mut dctx = DCtx::create();
+            if piece.end - piece.input <= WHOLE {
+                // The buffer the sink hands back is this thread's for the next frame.
+                let mut out = OUT.take();
+                let whole = whole_frame(&src, &mut dctx, piece, &mut out)?;
+                if whole && !out.is_empty() {
+                    emit(&mut out);
+                }
+                OUT.set(out);
+                if whole {
+                    return Ok(());
+                }
+            }
             let mut input = Input::new(src.clone(), piece.input);
             let mut out = vec![0u8; CHUNK];
             let mut made = 0;
@@ -268,4 +381,95 @@ fn decode_frames(src: &Arc<Source>) -> Arc<DecodeFn> {
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compressed::source_of;
+
+    /// pzstd's layout: each frame after a skippable frame holding its compressed size.
+    fn pzstd(parts: &[Vec<u8>]) -> (Vec<u8>, Vec<Piece>) {
+        let mut file = Vec::new();
+        let mut pieces = Vec::new();
+        for p in parts {
+            let mut c = zstd::bulk::Compressor::new(3).unwrap();
+            c.include_checksum(true).unwrap();
+            let frame = c.compress(p).unwrap();
+            file.extend(PZSTD_MAGIC.to_le_bytes());
+            file.extend(4u32.to_le_bytes());
+            file.extend((frame.len() as u32).to_le_bytes());
+            let input = file.len() as u64;
+            file.extend(&frame);
+            pieces.push(Piece {
+                input,
+                end: file.len() as u64,
+            });
+        }
+        (file, pieces)
+    }
+
+    fn decode_all(src: &Arc<Source>) -> Result<Vec<u8>> {
+        let mut d = stream(src, 2)?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 300_000];
+        while !d.ended() {
+            let k = d.read(&mut buf)?;
+            out.extend_from_slice(&buf[..k]);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn pzstd_sizes_find_frames_and_wrong_ones_are_not_trusted() {
+        // The second frame decodes past what is decoded in one call: it streams.
+        let parts = [
+            crate::compressed::mixed(3_000_000, 1, 16, b"pzstd\n"),
+            crate::compressed::mixed(WHOLE as usize + 5_000_000, 2, 20, b"ab"),
+            crate::compressed::mixed(700_000, 3, 12, b"frames\n"),
+        ];
+        let (mut file, pieces) = pzstd(&parts);
+        let src = source_of(&file, "zstd-good");
+        let mut split = FrameSplit {
+            window: Window::new(&src),
+            at: 0,
+        };
+        for p in &pieces {
+            split.at = p.input;
+            let hinted = split.hinted(PZSTD_MAGIC, 4, u64::MAX).unwrap().unwrap();
+            assert_eq!((hinted.input, hinted.end), (p.input, p.end));
+        }
+        assert_eq!(decode_all(&src).unwrap(), parts.concat());
+
+        // A size one short, and one past the end of the archive: not trusted, the
+        // frames are found from their block headers.
+        let at = pieces[1].input as usize - 4;
+        file[at..at + 4]
+            .copy_from_slice(&((pieces[1].end - pieces[1].input - 1) as u32).to_le_bytes());
+        let at = pieces[2].input as usize - 4;
+        file[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let src = source_of(&file, "zstd-wrong");
+        let mut split = FrameSplit {
+            window: Window::new(&src),
+            at: pieces[1].input,
+        };
+        assert!(split.hinted(PZSTD_MAGIC, 4, u64::MAX).unwrap().is_none());
+        let mut split = FrameSplit {
+            window: Window::new(&src),
+            at: 0,
+        };
+        for p in &pieces {
+            let f = split.frame(u64::MAX).unwrap().unwrap();
+            assert_eq!((f.input, f.end), (p.input, p.end));
+        }
+        assert!(split.frame(u64::MAX).unwrap().is_none());
+        assert_eq!(decode_all(&src).unwrap(), parts.concat());
+
+        // Damage inside a frame found by its size is an error (its checksum), not other
+        // bytes.
+        let (mut file, pieces) = pzstd(&parts);
+        let mid = ((pieces[0].input + pieces[0].end) / 2) as usize;
+        file[mid] ^= 0x55;
+        assert!(decode_all(&source_of(&file, "zstd-bad")).is_err());
+    }
 }
