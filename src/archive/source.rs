@@ -85,18 +85,27 @@ impl Source {
     }
 
     /// Asks the kernel to start reading `[at, at + len)` into the page cache, without
-    /// waiting: a scan that will read it soon overlaps that I/O with its own work.
+    /// waiting: a scan that will read it soon overlaps that I/O with its own work. In
+    /// pieces, as the kernel reads at most the device's readahead size (`read_ahead_kb`,
+    /// often 128 KiB) or largest request of one call and drops the rest.
     pub fn will_need(&self, at: u64, len: u64) {
         use std::os::fd::AsRawFd;
-        // SAFETY: posix_fadvise only reads its arguments; the file is open.
-        unsafe {
-            libc::posix_fadvise(
-                self.file.as_raw_fd(),
-                (self.base + at) as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            )
-        };
+        const PIECE: u64 = 1 << 20;
+        let end = at.saturating_add(len).min(self.len);
+        let mut at = at;
+        while at < end {
+            let n = PIECE.min(end - at);
+            // SAFETY: posix_fadvise only reads its arguments; the file is open.
+            unsafe {
+                libc::posix_fadvise(
+                    self.file.as_raw_fd(),
+                    (self.base + at) as libc::off_t,
+                    n as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+            at += n;
+        }
     }
 
     pub fn len(&self) -> u64 {

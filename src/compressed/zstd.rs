@@ -127,8 +127,9 @@ const PROBE: u64 = 256 << 20;
 const ZSTD_MAGIC: u32 = 0xfd2f_b528;
 /// The skippable frame pzstd writes before each frame.
 const PZSTD_MAGIC: u32 = 0x184d_2a50;
-/// Archive bytes past a frame asked for when it is handed out.
-const READ_AHEAD: u64 = 8 << 20;
+/// Archive bytes past a frame asked for when it is handed out, so a cold disk reads
+/// ahead of the workers.
+const READ_AHEAD: u64 = 32 << 20;
 /// Frames up to this size (compressed, and decoded) are decoded in one call.
 const WHOLE: u64 = 32 << 20;
 /// Decoded bytes handed on at a time.
