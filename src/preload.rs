@@ -169,11 +169,15 @@ impl Plan {
         let mut files = Vec::new();
         let mut chunks = Vec::new();
         for e in &self.extents {
-            let f = match files.iter().position(|(p, _): &(&Path, File)| *p == e.path) {
+            let f = match files
+                .iter()
+                .position(|(p, _, _): &(&Path, File, _)| *p == e.path)
+            {
                 Some(i) => i,
                 None => match File::open(&e.path) {
                     Ok(file) => {
-                        files.push((e.path.as_path(), file));
+                        let piece = crate::archive::advice_piece(&file);
+                        files.push((e.path.as_path(), file, piece));
                         files.len() - 1
                     }
                     Err(err) => {
@@ -200,8 +204,8 @@ impl Plan {
                         else {
                             return;
                         };
-                        let (path, file) = &files[f];
-                        if let Err(e) = fetch(file, at, len, &mut scratch) {
+                        let (path, file, piece) = &files[f];
+                        if let Err(e) = fetch(file, *piece, at, len, &mut scratch) {
                             tracing::warn!(
                                 "--preload stopped: reading {} at {at}: {e}; reads go on from \
                                  the file as they come",
@@ -225,23 +229,22 @@ impl Plan {
 }
 
 /// Brings `[at, at + len)` of `file` into the page cache and waits for it. The kernel is
-/// asked to read the range ahead (no copy to this process), and the wait is a one-byte read
-/// of its end. On the 1.1 GB tar of docs/BENCHMARKS.md, four threads doing this in 2 MiB
-/// chunks cached the file in 0.79-0.84 s, four threads reading the chunks into buffers in
-/// 1.06-1.42 s (and spent a core copying). Where the advice is refused, the chunk is read
-/// into `scratch`.
-fn fetch(file: &File, at: u64, len: usize, scratch: &mut Vec<u8>) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: posix_fadvise only reads its arguments; `file` is open for the call.
-    let advised = unsafe {
-        libc::posix_fadvise(
-            file.as_raw_fd(),
-            at as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_WILLNEED,
-        )
-    } == 0;
-    if advised {
+/// asked to read the range ahead, `piece` bytes a call (no copy to this process), and the
+/// wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS.md, four
+/// threads doing this in 2 MiB chunks cached the file in 0.79-0.84 s, four threads reading
+/// the chunks into buffers in 1.06-1.42 s (and spent a core copying). Where the advice is
+/// not known to be taken (`piece` is `None`), the chunk is read into `scratch`.
+fn fetch(
+    file: &File,
+    piece: Option<u64>,
+    at: u64,
+    len: usize,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if let Some(piece) = piece {
+        // One call for the chunk where the device takes it whole: in 1 MiB pieces a
+        // cold epoch of the bench's tar took 0.82-1.10 s against 0.74-0.90 s.
+        crate::archive::will_need(file, at, len as u64, piece.min(CHUNK));
         let mut last = [0u8; 1];
         return file.read_exact_at(&mut last, at + len as u64 - 1);
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use buf::Buf;
-pub use source::Source;
+pub use source::{advice_piece, will_need, Source};
 pub use union::Union;
 
 use crate::cache::CacheConfig;
