@@ -175,6 +175,8 @@ impl Plan {
             {
                 Some(i) => i,
                 None => match File::open(&e.path) {
+                    // Already in memory: nothing to read.
+                    Ok(file) if in_memory(&file) => continue,
                     Ok(file) => {
                         let piece = crate::archive::advice_piece(&file);
                         files.push((e.path.as_path(), file, piece));
@@ -250,6 +252,16 @@ fn fetch(
     }
     scratch.resize(len, 0);
     file.read_exact_at(&mut scratch[..len], at)
+}
+
+/// A file on tmpfs (`/dev/shm`, a `$TMPDIR` in memory): its pages are its storage.
+fn in_memory(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: fstatfs writes one statfs struct, zero-initialised here, for an open fd.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } == 0;
+    ok && st.f_type as i64 == TMPFS_MAGIC
 }
 
 fn human(bytes: u64) -> String {
@@ -369,6 +381,16 @@ mod tests {
         assert!(t.fired());
         t.note_read(0);
         assert!(t.fired());
+    }
+
+    #[test]
+    fn tmpfs_files_are_in_memory_and_disk_files_not() {
+        let shm = std::path::PathBuf::from(format!("/dev/shm/archfs-pl-{}", std::process::id()));
+        std::fs::write(&shm, b"x").unwrap();
+        let f = File::open(&shm).unwrap();
+        std::fs::remove_file(&shm).unwrap();
+        assert!(in_memory(&f));
+        assert!(!in_memory(&File::open(env!("CARGO_MANIFEST_DIR")).unwrap()));
     }
 
     #[test]
