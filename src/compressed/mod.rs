@@ -671,6 +671,8 @@ impl ScanState<'_> {
             let n = self.dec.read(&mut self.buf[have + done..have + STEP])?;
             self.sums.feed(&self.buf[have + done..have + done + n]);
             done += n;
+            // What `thin` below sees as decoded.
+            self.filled = have + done;
             let at = self.start + (have + done) as u64;
             let last = self.points.points.last().map_or(0, |p| p.output);
             if at >= last + self.spacing && self.dec.input_pos() >= self.next_input {
@@ -683,7 +685,6 @@ impl ScanState<'_> {
                 }
             }
         }
-        self.filled = have + done;
         self.thin(self.end(), false)?;
         (self.progress)(self.dec.input_pos());
         Ok(true)
