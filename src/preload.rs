@@ -383,6 +383,29 @@ mod tests {
         assert!(t.fired());
     }
 
+    /// Without advice known to be taken, a chunk is read: it is in the page cache after.
+    #[test]
+    fn a_chunk_without_advice_is_read_into_the_cache() {
+        use std::os::fd::AsRawFd;
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+        let path = dir.join(format!("preload-fetch-{}", std::process::id()));
+        let len = 8usize << 20;
+        std::fs::write(&path, vec![7u8; len]).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // SAFETY: posix_fadvise only reads its arguments. Drops the file's clean pages.
+        let dropped =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(dropped, 0);
+        let resident = crate::archive::resident;
+        assert!(resident(&file, len) < 256, "pages not dropped");
+        let mut scratch = Vec::new();
+        fetch(&file, None, 1 << 20, 2 << 20, &mut scratch).unwrap();
+        let have = resident(&file, len);
+        assert!(have >= 512, "{have} pages resident, the chunk is 512");
+    }
+
     #[test]
     fn tmpfs_files_are_in_memory_and_disk_files_not() {
         let shm = std::path::PathBuf::from(format!("/dev/shm/archfs-pl-{}", std::process::id()));

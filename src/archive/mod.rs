@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use buf::Buf;
+#[cfg(test)]
+pub use source::tests::resident;
 pub use source::{advice_piece, will_need, Source};
 pub use union::Union;
 

@@ -202,11 +202,11 @@ pub fn advice_piece(file: &File) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
 
     /// Pages of `[0, len)` of `file` in the page cache, by mincore over a mapping.
-    fn resident(file: &File, len: usize) -> usize {
+    pub fn resident(file: &File, len: usize) -> usize {
         use std::os::fd::AsRawFd;
         // SAFETY: a fresh read-only shared mapping of an open file, unmapped below; mincore
         // writes one byte per page into a vector of that many.
