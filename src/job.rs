@@ -15,7 +15,7 @@
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -595,10 +595,10 @@ impl Mount {
         };
         watchdog.arm();
         if let Some(p) = &push {
-            let n = session.notifier();
-            p.set_store(Box::new(move |ino, at, data| {
-                n.store(fuser::INodeNo(ino), at, data)
-            }));
+            match session.as_fd().try_clone_to_owned() {
+                Ok(dev) => p.set_store(Box::new(crate::fuse_store::DevStore::new(dev))),
+                Err(e) => tracing::warn!("not pushing files into the page cache: {e}"),
+            }
         }
         std::thread::Builder::new()
             .name("archfs-session".into())

@@ -9,9 +9,10 @@
 //! attributes (READDIRPLUS: the kernel made an inode for every entry) are pushed. With the
 //! listing ahead (src/prelist.rs), which lists every directory so within seconds of the
 //! mount, the whole tree is pushed, each file once its directory is listed. This module
-//! sees the archive and a `store` callback, never fuser.
+//! sees the archive and a [`Store`] (src/fuse_store.rs writes to /dev/fuse), never fuser.
 
 use std::collections::HashSet;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,8 +30,24 @@ const CLAIM: usize = 64;
 /// of unlisted ones left.
 const LISTING_WAIT: Duration = Duration::from_secs(2);
 
-/// Sends bytes of a file to the kernel: `store(ino, offset, data)`.
-pub type Store = Box<dyn Fn(u64, u64, &[u8]) -> std::io::Result<()> + Send + Sync>;
+/// Sends bytes of a file into the kernel's page cache.
+pub trait Store: Send + Sync {
+    /// Bytes of file `ino` from `at`.
+    fn store(&self, ino: u64, at: u64, data: &[u8]) -> std::io::Result<()>;
+    /// `len` bytes of `ino` from `at` that lie verbatim in `fd` at `pos`, moved without a
+    /// copy through this process where the store can (`Ok(false)`: it cannot, read them;
+    /// an error ends all pushing, as from [`Store::store`]).
+    fn store_from(
+        &self,
+        _ino: u64,
+        _at: u64,
+        _fd: BorrowedFd<'_>,
+        _pos: u64,
+        _len: u32,
+    ) -> std::io::Result<bool> {
+        Ok(false)
+    }
+}
 
 pub struct Pusher {
     archive: Arc<dyn Archive>,
@@ -40,7 +57,7 @@ pub struct Pusher {
     whole_tree: AtomicBool,
     /// The files being pushed, and which of them a reader asked for first.
     batch: OnceLock<Batch>,
-    store: OnceLock<Store>,
+    store: OnceLock<Box<dyn Store>>,
     started: AtomicBool,
 }
 
@@ -97,7 +114,7 @@ impl Pusher {
     }
 
     /// How pushes reach the kernel: set once the FUSE session exists.
-    pub fn set_store(&self, store: Store) {
+    pub fn set_store(&self, store: Box<dyn Store>) {
         let _ = self.store.set(store);
     }
 
@@ -217,7 +234,7 @@ impl Pusher {
         loop {
             passes += 1;
             let listed_before = self.listed.read().len();
-            let left = self.pass(store, batch, &stop, &files, &pushed);
+            let left = self.pass(store.as_ref(), batch, &stop, &files, &pushed);
             if left == 0 || stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -242,7 +259,7 @@ impl Pusher {
     /// files left for a directory not listed yet.
     fn pass(
         &self,
-        store: &Store,
+        store: &dyn Store,
         batch: &Batch,
         stop: &AtomicBool,
         files: &AtomicU64,
@@ -296,14 +313,23 @@ impl Pusher {
 
     /// Pushes one file whole; the bytes pushed, or the error that ends all pushing (the
     /// mount is gone). A file the archive cannot read is left to the readers' own reads.
-    fn push_file(&self, store: &Store, ino: u64) -> std::io::Result<u64> {
+    fn push_file(&self, store: &dyn Store, ino: u64) -> std::io::Result<u64> {
         let mut at = 0;
         loop {
+            if let Some((fd, pos, len)) = self.archive.stored_at(ino, at, PIECE) {
+                if store.store_from(ino, at, fd, pos, len)? {
+                    at += u64::from(len);
+                    if len < PIECE {
+                        return Ok(at);
+                    }
+                    continue;
+                }
+            }
             let data = match self.archive.read(ino, at, PIECE) {
                 Ok(d) if !d.is_empty() => d,
                 _ => return Ok(at),
             };
-            store(ino, at, &data)?;
+            store.store(ino, at, &data)?;
             at += data.len() as u64;
             if data.len() < PIECE as usize {
                 return Ok(at);
@@ -362,6 +388,19 @@ mod tests {
         out.resize(out.len().next_multiple_of(512), 0);
     }
 
+    /// Keeps what is pushed; bytes that lie on disk are read, as a store without splice.
+    struct Kept(Arc<parking_lot::Mutex<Vec<Pushed>>>);
+
+    /// Inode, offset, bytes.
+    type Pushed = (u64, u64, Vec<u8>);
+
+    impl Store for Kept {
+        fn store(&self, ino: u64, at: u64, data: &[u8]) -> std::io::Result<()> {
+            self.0.lock().push((ino, at, data.to_vec()));
+            Ok(())
+        }
+    }
+
     #[test]
     fn the_whole_tree_is_pushed_each_file_once_its_directory_is_listed() {
         let dir = std::env::temp_dir().join(format!("archfs-push-{}", std::process::id()));
@@ -396,11 +435,7 @@ mod tests {
         };
         let stored = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let p = Arc::new(Pusher::new(archive.clone()));
-        let to = stored.clone();
-        p.set_store(Box::new(move |ino, at, data| {
-            to.lock().push((ino, at, data.to_vec()));
-            Ok(())
-        }));
+        p.set_store(Box::new(Kept(stored.clone())));
         p.expect_whole_tree();
         p.note_listed(ino("a"));
         p.start();

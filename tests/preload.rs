@@ -163,6 +163,18 @@ fn check(archive: &Path, src: &Path, dir: &TempDir, name: &str) {
             "{name}: {rel:?} differs from the source after it was pushed"
         );
     }
+    // The big file goes in many pushes (a tar's spliced from the archive file, in pieces
+    // a pipe holds, none of them page-aligned).
+    let big = m.path.join("unread/big.bin");
+    assert!(
+        wait_for(60, || resident(&big) > 0.8),
+        "{name}: only {:.2} of the big file's pages pushed",
+        resident(&big)
+    );
+    assert!(
+        std::fs::read(&big).unwrap() == std::fs::read(src.join("unread/big.bin")).unwrap(),
+        "{name}: the big file differs from the source after it was pushed"
+    );
     drop(m);
 
     // With --preload=never the same reads leave the unread file out.

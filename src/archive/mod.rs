@@ -7,6 +7,7 @@ mod source;
 mod union;
 
 use std::ops::{Deref, Range};
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -108,6 +109,13 @@ pub trait Archive: Send + Sync {
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>>;
     /// Up to `size` bytes from `offset`; fewer only at end of file.
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data>;
+    /// Where bytes `offset..` of file `ino`, up to `size` and the end of the file, lie
+    /// verbatim in a file on disk: the descriptor, the position and the length. The push
+    /// splices such bytes into the kernel without copying them through this process.
+    /// `None`: read them.
+    fn stored_at(&self, _ino: u64, _offset: u64, _size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        None
+    }
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
     /// Extended attributes as full names (`user.x`) and values.
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;

@@ -2,6 +2,7 @@
 //! queue behind each other for I/O.
 
 use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -139,6 +140,13 @@ impl Source {
                 e,
             )
         })
+    }
+
+    /// Where `[pos, pos + len)` lies in the file on disk, to move it without a copy into
+    /// this process (see [`Archive::stored_at`]); `None` past the end.
+    pub fn stored_at(&self, pos: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        let end = pos.checked_add(len)?;
+        (end <= self.len).then(|| (self.file.as_fd(), self.base + pos))
     }
 
     /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.

@@ -2,6 +2,7 @@
 //! archive given last wins, as if they were extracted one after another.
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -218,6 +219,14 @@ impl Archive for Union {
         }
         let (a, i) = self.untag(ino)?;
         a.read(i, offset, size)
+    }
+
+    fn stored_at(&self, ino: u64, offset: u64, size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        if self.merged(ino).is_some() {
+            return None;
+        }
+        let (a, i) = self.untag(ino).ok()?;
+        a.stored_at(i, offset, size)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {

@@ -6,6 +6,7 @@ mod header;
 pub mod index;
 pub mod persist;
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -347,6 +348,21 @@ impl Archive for TarArchive {
         }
         let (body, at) = self.body_at(n.data)?;
         body.read(at + offset, (end - offset) as usize, at + n.size)
+    }
+
+    fn stored_at(&self, ino: u64, offset: u64, size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        let (_, n) = self.node(ino).ok()?;
+        if kind_of(n.kind) != Kind::File || n.flags & SPARSE != 0 || offset >= n.size {
+            return None;
+        }
+        let len = u64::from(size).min(n.size - offset);
+        match self.body_at(n.data).ok()? {
+            (Body::Plain(s), at) => {
+                let (fd, pos) = s.stored_at(at.checked_add(offset)?, len)?;
+                Some((fd, pos, len as u32))
+            }
+            (Body::Decoded(_), _) => None,
+        }
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
