@@ -314,27 +314,25 @@ impl Pusher {
     /// Pushes one file whole; the bytes pushed, or the error that ends all pushing (the
     /// mount is gone). A file the archive cannot read is left to the readers' own reads.
     fn push_file(&self, store: &dyn Store, ino: u64) -> std::io::Result<u64> {
+        let Ok(size) = self.archive.attr(ino).map(|a| a.size) else {
+            return Ok(0);
+        };
         let mut at = 0;
-        loop {
+        while at < size {
             if let Some((fd, pos, len)) = self.archive.stored_at(ino, at, PIECE) {
                 if store.store_from(ino, at, fd, pos, len)? {
                     at += u64::from(len);
-                    if len < PIECE {
-                        return Ok(at);
-                    }
                     continue;
                 }
             }
             let data = match self.archive.read(ino, at, PIECE) {
                 Ok(d) if !d.is_empty() => d,
-                _ => return Ok(at),
+                _ => break,
             };
             store.store(ino, at, &data)?;
             at += data.len() as u64;
-            if data.len() < PIECE as usize {
-                return Ok(at);
-            }
         }
+        Ok(at)
     }
 }
 

@@ -334,3 +334,77 @@ fn symlinks_up_to_the_largest_page_size_read_back() {
         Err(Error::Corrupt(_))
     ));
 }
+
+/// The bytes the push splices from the image (`stored_at`: raw blocks and fragments) are
+/// the file's bytes: every file rebuilt from them alone where the image stores data raw,
+/// and a compressed image's raw runs agree with its reads.
+#[test]
+fn raw_ranges_in_the_image_hold_the_files_bytes() {
+    use std::os::unix::fs::FileExt;
+    let dir = TempDir::new("reader-raw");
+    let src = source_tree(&dir);
+    for (args, all_raw) in [
+        (&["-noI", "-noD", "-noF", "-noX"][..], true),
+        (&["-noD", "-noF", "-b", "4K"][..], true),
+        (&["-comp", "zstd"][..], false),
+    ] {
+        let img = dir.join("raw.sqfs");
+        mksquashfs(&src, &img, args);
+        let a = open_with_cache(&img, 1 << 20);
+        let (mut files, mut raw_bytes) = (0, 0u64);
+        for e in files_under(&src) {
+            let rel = e.strip_prefix(&src).unwrap();
+            let meta = std::fs::symlink_metadata(&e).unwrap();
+            if !meta.is_file() || meta.len() == 0 {
+                continue;
+            }
+            let want = std::fs::read(&e).unwrap();
+            let ino = archive::resolve(&*a, rel).unwrap().ino;
+            // Whole-file pieces of up to 64 KiB, from odd offsets too.
+            let mut at = 0u64;
+            let mut step = 0;
+            while at < want.len() as u64 {
+                step += 1;
+                let Some((fd, pos, len)) = a.stored_at(ino, at, 65536) else {
+                    // Only sparse (all-zero) blocks have no raw bytes in such an image.
+                    assert!(
+                        !all_raw || want[at as usize..].iter().take(4096).all(|&b| b == 0),
+                        "{args:?}: {rel:?} has no raw bytes at {at}"
+                    );
+                    at += 4096;
+                    continue;
+                };
+                assert!(len > 0 && u64::from(len) <= 65536, "{args:?}: {len} bytes");
+                let mut got = vec![0u8; len as usize];
+                let f = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+                f.read_exact_at(&mut got, pos).unwrap();
+                let end = at as usize + got.len();
+                assert!(
+                    end <= want.len() && got == want[at as usize..end],
+                    "{args:?}: {rel:?}: {len} raw bytes at {at} differ from the file's"
+                );
+                raw_bytes += u64::from(len);
+                at = end as u64 + (step % 3) * 1000;
+            }
+            files += 1;
+        }
+        assert!(files > 3000, "{args:?}: {files} files");
+        assert!(
+            raw_bytes > 1_000_000,
+            "{args:?}: {raw_bytes} raw bytes found"
+        );
+    }
+}
+
+/// Every path under `root`, depth first.
+fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(files_under(&p));
+        }
+        out.push(p);
+    }
+    out
+}

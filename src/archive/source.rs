@@ -143,7 +143,7 @@ impl Source {
     }
 
     /// Where `[pos, pos + len)` lies in the file on disk, to move it without a copy into
-    /// this process (see [`Archive::stored_at`]); `None` past the end.
+    /// this process (see [`super::Archive::stored_at`]); `None` past the end.
     pub fn stored_at(&self, pos: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
         let end = pos.checked_add(len)?;
         (end <= self.len).then(|| (self.file.as_fd(), self.base + pos))

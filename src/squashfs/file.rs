@@ -2,6 +2,7 @@
 //! compressed on its own (or stored raw, or absent when sparse), and an optional tail
 //! packed with other files' tails into a shared fragment block.
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -211,6 +212,63 @@ impl SquashFs {
             .codec
             .decompress(&raw, self.sb.block_size as usize)
             .map_err(|e| e.at(format_args!("data block at {pos}")))
+    }
+
+    /// Where bytes from `offset` of the file lie raw in the image, up to `size`: the run
+    /// of blocks stored uncompressed (one after another on disk) from the one holding
+    /// `offset`, or the file's tail in a fragment stored uncompressed. JPEG data does not
+    /// compress, so mksquashfs stores most of such a dataset raw. `None` otherwise.
+    pub(super) fn stored_at(
+        &self,
+        inode_ref: u64,
+        offset: u64,
+        size: u32,
+    ) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        let layout = self.layout(inode_ref).ok()?;
+        if offset >= layout.size {
+            return None;
+        }
+        let bs = u64::from(self.sb.block_size);
+        let want = u64::from(size).min(layout.size - offset);
+        let (first, within) = (offset / bs, offset % bs);
+        // The bytes of chunk `i` raw on disk: where they start and how many.
+        let raw = |i: u64| -> Option<(u64, u64)> {
+            let len = (layout.size - i * bs).min(bs);
+            let (start, stored) = if i < layout.block_count {
+                let (pos, stored) = layout.block(self, i).ok()?;
+                (
+                    pos,
+                    stored & !SIZE_MASK | (stored & SIZE_MASK).min(len as u32),
+                )
+            } else {
+                let frag = self.fragment(layout.fragment).ok()?;
+                let room =
+                    u64::from(frag.size & SIZE_MASK).checked_sub(u64::from(layout.frag_offset))?;
+                (
+                    frag.start + u64::from(layout.frag_offset),
+                    frag.size & !SIZE_MASK | room.min(len) as u32,
+                )
+            };
+            (stored & UNCOMPRESSED != 0 && u64::from(stored & SIZE_MASK) == len)
+                .then_some((start, len))
+        };
+        let (start, len) = raw(first)?;
+        let mut end = start + len;
+        let mut got = len - within;
+        let mut i = first + 1;
+        while got < want && i < layout.block_count {
+            match raw(i) {
+                Some((s, l)) if s == end => {
+                    end += l;
+                    got += l;
+                    i += 1;
+                }
+                _ => break,
+            }
+        }
+        let n = got.min(want);
+        let (fd, pos) = self.source.stored_at(start + within, n)?;
+        Some((fd, pos, n as u32))
     }
 
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {

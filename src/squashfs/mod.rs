@@ -13,6 +13,7 @@ mod superblock;
 mod table;
 mod xattr;
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 pub use codec::Codec;
@@ -184,6 +185,10 @@ impl Archive for SquashFs {
 
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
         self.read_file(self.to_ref(ino), offset, size)
+    }
+
+    fn stored_at(&self, ino: u64, offset: u64, size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        self.stored_at(self.to_ref(ino), offset, size)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
