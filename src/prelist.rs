@@ -68,15 +68,22 @@ impl Ahead {
     }
 }
 
-/// The listing process of a mount.
+/// The listing process of a mount. A thread reaps it when it ends, so a finished lister
+/// is not left a zombie for the life of the mount; it holds the lock while it reaps, and
+/// [`Lister::stop`] kills only under the lock, so no signal can reach a reused pid.
 pub struct Lister {
-    child: Child,
+    child: Arc<Mutex<Child>>,
 }
 
 impl Lister {
     /// Starts `archfs __prelist ROOT` once the mount is served, its stderr ours or, when
     /// `quiet`, /dev/null.
-    pub fn spawn(root: &Path, ahead: &Ahead, debug: bool, quiet: bool) -> std::io::Result<Lister> {
+    pub fn spawn(
+        root: &Path,
+        ahead: &Arc<Ahead>,
+        debug: bool,
+        quiet: bool,
+    ) -> std::io::Result<Lister> {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("__prelist")
             .arg(root)
@@ -95,22 +102,50 @@ impl Lister {
             cmd.arg("--debug");
         }
         let child = cmd.spawn()?;
-        ahead.pid.store(child.id(), Ordering::Relaxed);
+        let pid = child.id();
+        ahead.pid.store(pid, Ordering::Relaxed);
+        let child = Arc::new(Mutex::new(child));
+        let (c, a) = (child.clone(), ahead.clone());
+        let reaper = std::thread::Builder::new()
+            .name("lister-reaper".into())
+            .spawn(move || {
+                // SAFETY: waitid writes one siginfo_t; WNOWAIT leaves the child to be
+                // reaped below, under the lock.
+                let ended = unsafe {
+                    let mut info: libc::siginfo_t = std::mem::zeroed();
+                    libc::waitid(
+                        libc::P_PID,
+                        pid as libc::id_t,
+                        &mut info,
+                        libc::WEXITED | libc::WNOWAIT,
+                    ) == 0
+                };
+                if ended {
+                    let _ = c.lock().try_wait();
+                    // Its pid may be anyone's now.
+                    a.pid.store(0, Ordering::Relaxed);
+                }
+            });
+        if let Err(e) = reaper {
+            tracing::debug!("no reaper for the listing process: {e}");
+        }
         Ok(Lister { child })
     }
 
     /// Kills the lister and reaps it. A request it has in flight is answered first, so
     /// this is called while the mount is still served; it waits at most two seconds.
-    pub fn stop(mut self) {
-        let _ = self.child.kill();
+    pub fn stop(self) {
+        let mut child = self.child.lock();
+        // A child already reaped is not signalled (std keeps its status).
+        let _ = child.kill();
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
-            match self.child.try_wait() {
+            match child.try_wait() {
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
                 _ => return,
             }
         }
-        tracing::warn!("the listing process {} did not end", self.child.id());
+        tracing::warn!("the listing process {} did not end", child.id());
     }
 }
 

@@ -68,6 +68,14 @@ fn lookups(
             "{archive:?}: no `{want}` in the log: {}",
             log_of(&log)
         );
+        // The finished lister is reaped, not left a zombie until unmount.
+        let server = pids_of_mount(&mnt);
+        assert_eq!(server.len(), 1, "one server for {mnt:?}: {server:?}");
+        assert!(
+            wait_for(DEADLINE, || zombie_children(server[0]).is_empty()),
+            "{archive:?}: zombie children of the server after the listing: {:?}",
+            zombie_children(server[0])
+        );
     }
     for p in &paths {
         std::fs::symlink_metadata(mnt.join(p)).unwrap_or_else(|e| panic!("{p:?}: {e}"));
@@ -79,6 +87,29 @@ fn lookups(
     );
     run_ok(archfs().arg("unmount").arg(&mnt));
     served_lookups(&log)
+}
+
+/// Children of `parent` that have ended and not been reaped.
+fn zombie_children(parent: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (state, ppid) = (f.next(), f.next().and_then(|p| p.parse::<i32>().ok()));
+        if state == Some("Z") && ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 /// The server's count of LOOKUP requests, logged at unmount.
