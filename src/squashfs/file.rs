@@ -234,23 +234,16 @@ impl SquashFs {
         // The bytes of chunk `i` raw on disk: where they start and how many.
         let raw = |i: u64| -> Option<(u64, u64)> {
             let len = (layout.size - i * bs).min(bs);
-            let (start, stored) = if i < layout.block_count {
+            let (start, stored, room) = if i < layout.block_count {
                 let (pos, stored) = layout.block(self, i).ok()?;
-                (
-                    pos,
-                    stored & !SIZE_MASK | (stored & SIZE_MASK).min(len as u32),
-                )
+                (pos, stored, u64::from(stored & SIZE_MASK))
             } else {
                 let frag = self.fragment(layout.fragment).ok()?;
                 let room =
                     u64::from(frag.size & SIZE_MASK).checked_sub(u64::from(layout.frag_offset))?;
-                (
-                    frag.start + u64::from(layout.frag_offset),
-                    frag.size & !SIZE_MASK | room.min(len) as u32,
-                )
+                (frag.start + u64::from(layout.frag_offset), frag.size, room)
             };
-            (stored & UNCOMPRESSED != 0 && u64::from(stored & SIZE_MASK) == len)
-                .then_some((start, len))
+            (stored & UNCOMPRESSED != 0 && room >= len).then_some((start, len))
         };
         let (start, len) = raw(first)?;
         let mut end = start + len;
