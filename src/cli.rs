@@ -457,7 +457,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             debug,
         } => {
             job::init_logging(debug, true);
-            Ok(crate::prelist::main(&root, parent))
+            Ok(crate::warm::prelist::main(&root, parent))
         }
     }
 }
@@ -542,11 +542,11 @@ fn inspect(
     path: &std::path::Path,
     recursive: bool,
 ) -> crate::error::Result<std::sync::Arc<dyn archive::Archive>> {
-    let options = archive::OpenOptions {
+    let options = crate::open::OpenOptions {
         recursive,
-        ..archive::OpenOptions::default()
+        ..crate::open::OpenOptions::default()
     };
-    archive::open_with(path, &CacheConfig::default(), &options)
+    crate::open::open_with(path, &CacheConfig::default(), &options)
 }
 
 #[cfg(test)]

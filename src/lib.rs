@@ -1,12 +1,19 @@
 //! archfs: mount SquashFS images and tar archives read-only with FUSE, built for
 //! datasets of many small files read in parallel by training jobs on HPC clusters.
 //!
-//! Layers, bottom up: [`archive::Source`] (positional reads), [`cache`] (shared block
-//! cache), format readers ([`squashfs`], [`tar`], [`compressed`]), the
-//! [`archive::Archive`] interface, [`vfs`] (directory handles, no FUSE types), [`fuse`]
-//! (the thin fuser adapter), [`fuse_store`] (pushes into the kernel's page cache) and
-//! [`job`] (the life cycle: mounting, serving, signals, `run`, unmounting on every exit
-//! path).
+//! Layers, bottom up, each importing only those below it:
+//! - [`source`]: where the bytes come from (a local file today), positional reads;
+//! - [`cache`]: the shared block cache, bounded by bytes; [`memory`]: what the job may fill;
+//! - the formats: [`squashfs`], [`tar`] and [`compressed`] (random access into gzip,
+//!   zstd, xz and bzip2 streams, for the tar above them);
+//! - [`archive`]: the interface the formats implement, unions, the full check walk;
+//! - [`open`]: choosing the format by content, the one place that knows every format;
+//! - [`warm`]: having bytes in the page cache before the job asks (preload, push, prelist);
+//! - [`fuse`]: the serving side, the thin fuser adapter over Result-returning operations;
+//! - [`job`]: the life cycle (mounting, serving, signals, `run`, unmounting on every exit
+//!   path); [`cli`]: the command line.
+//!
+//! Nothing below [`fuse`] and [`job`] imports fuser.
 
 pub mod archive;
 pub mod cache;
@@ -14,14 +21,10 @@ pub mod cli;
 pub mod compressed;
 pub mod error;
 pub mod fuse;
-pub mod fuse_mount;
-pub mod fuse_store;
 pub mod job;
-pub mod mountpoint;
-pub mod prelist;
-pub mod preload;
-pub mod push;
-pub mod shared;
+pub mod memory;
+pub mod open;
+pub mod source;
 pub mod squashfs;
 pub mod tar;
-pub mod vfs;
+pub mod warm;

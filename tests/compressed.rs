@@ -8,8 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use archfs::archive::{self, OpenOptions};
+use archfs::archive;
 use archfs::cache::CacheConfig;
+use archfs::open::{self, OpenOptions};
 use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
 use common::*;
 
@@ -341,7 +342,7 @@ fn random_reads_through_every_entry_point_match_the_source() {
             total_bytes: 2 << 20,
         };
         for pass in ["indexed", "saved index"] {
-            let a = archive::open_with(&file, &cache, &options).unwrap();
+            let a = open::open_with(&file, &cache, &options).unwrap();
             assert!(
                 !a.format().contains("decoded copy") && entry_points(&a.format()) >= least,
                 "{name}: {}",

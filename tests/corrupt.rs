@@ -6,9 +6,9 @@ mod common;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use archfs::archive;
 use archfs::archive::check::{check, FUZZ_LIMITS};
 use archfs::cache::CacheConfig;
+use archfs::open;
 use common::*;
 
 /// Text that compresses well, so gzip blocks are really compressed (and checksummed).
@@ -126,7 +126,7 @@ fn flipped_bytes_anywhere_never_panic_or_hang() {
             bytes.truncate(bytes.len() - (next() as usize % 4096));
         }
         std::fs::write(&bad, &bytes).unwrap();
-        if let Ok(a) = archive::open(
+        if let Ok(a) = open::open(
             &bad,
             &CacheConfig {
                 total_bytes: 1 << 20,

@@ -9,9 +9,9 @@ use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use archfs::archive;
 use archfs::cache::CacheConfig;
 use archfs::job::{self, Settings};
+use archfs::open;
 use common::*;
 
 fn dataset(dir: &TempDir, n: usize) -> PathBuf {
@@ -159,13 +159,13 @@ fn two_hundred_mount_cycles_leak_nothing() {
         preload: job::Preload::Never,
         prelist: false,
         readdirplus: archfs::fuse::Readdirplus::Always,
-        entry_spacing: archfs::archive::DEFAULT_SPACING,
+        entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,
         debug: false,
     };
     let mut baseline = None;
     for cycle in 0..200 {
-        let a = archive::open(
+        let a = open::open(
             &img,
             &CacheConfig {
                 total_bytes: 8 << 20,

@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use archfs::archive::check::{check_bytes, Format, FUZZ_LIMITS};
+use archfs::archive::check::FUZZ_LIMITS;
+use archfs::open::{check_bytes, Format};
 
 fn replay(dir: &str, format: Format) -> usize {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

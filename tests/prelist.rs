@@ -217,7 +217,7 @@ fn the_jobs_listings_make_no_inodes_and_the_lister_makes_them_all() {
                 .arg(&log)
                 .arg(&tar)
                 .arg(&mnt)
-                .env("ARCHFS_LOG", "info,archfs::prelist=debug")
+                .env("ARCHFS_LOG", "info,archfs::warm::prelist=debug")
                 .env("ARCHFS_PRELIST_THREADS", "1"),
         );
         // Past the root (listed first, then the last directory), so the job finds every

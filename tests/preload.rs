@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
 
-use archfs::preload::AUTO_AFTER_FILES;
+use archfs::warm::preload::AUTO_AFTER_FILES;
 use common::tree::{make_awkward_tree, CompareOpts, TreeSpec};
 use common::*;
 

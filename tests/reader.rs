@@ -13,6 +13,7 @@ use std::sync::Arc;
 use archfs::archive::{self, Archive, Kind, ROOT_INO};
 use archfs::cache::CacheConfig;
 use archfs::error::Error;
+use archfs::open;
 use common::*;
 
 /// A tree with the cases a reader can get wrong: block boundaries, fragments, sparse
@@ -174,7 +175,7 @@ fn lookups_use_the_directory_index_and_miss_cleanly() {
     let src = source_tree(&dir);
     let img = dir.join("img.sqfs");
     mksquashfs(&src, &img, &[]);
-    let a = archive::open(&img, &CacheConfig::default()).unwrap();
+    let a = open::open(&img, &CacheConfig::default()).unwrap();
     let big = a.lookup(ROOT_INO, b"big").unwrap();
     for i in (0..3000).step_by(7) {
         let name = format!("f{i:05}.jpg");
@@ -200,7 +201,7 @@ fn lookups_use_the_directory_index_and_miss_cleanly() {
 
 /// The archive at `img` with a block cache of `bytes`.
 fn open_with_cache(img: &Path, bytes: u64) -> Arc<dyn Archive> {
-    archive::open(img, &CacheConfig { total_bytes: bytes }).unwrap()
+    open::open(img, &CacheConfig { total_bytes: bytes }).unwrap()
 }
 
 #[test]
@@ -292,7 +293,7 @@ fn symlinks_up_to_the_largest_page_size_read_back() {
     let empty = dir.join("empty");
     std::fs::create_dir(&empty).unwrap();
     let target = |n: usize| -> String { (0..n).map(|i| (b'a' + (i % 26) as u8) as char).collect() };
-    let open = |img: &Path| archive::open(img, &CacheConfig::default()).unwrap();
+    let open = |img: &Path| open::open(img, &CacheConfig::default()).unwrap();
     for n in [4095, 4096, 65535, 65536] {
         let t = target(n);
         if n < 65536 {

@@ -470,7 +470,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
     let entries = 20 * 1000 + 20 + 1;
     let open = || {
         archfs::tar::open(
-            std::sync::Arc::new(archfs::archive::Source::open(&tar).unwrap()),
+            std::sync::Arc::new(archfs::source::Source::open(&tar).unwrap()),
             archfs::tar::BuildOptions::default(),
             None,
             None,
@@ -614,8 +614,9 @@ with open({path:?}, "wb") as f:
 /// finds every sampled region and the holes between.
 #[test]
 fn a_pax_sparse_map_of_a_million_regions() {
-    use archfs::archive::{self, ROOT_INO};
+    use archfs::archive::ROOT_INO;
     use archfs::cache::CacheConfig;
+    use archfs::open;
     let dir = TempDir::new("tar-regions");
     let tar = dir.join("regions.tar");
     let regions: u64 = 1_500_000;
@@ -646,7 +647,7 @@ with tarfile.open("{tar}", "w", format=tarfile.PAX_FORMAT) as t:
         listed.contains(&format!(" {} ", regions * 8192)) && listed.contains("sparse"),
         "GNU tar lists: {listed}"
     );
-    let a = archive::open(&tar, &CacheConfig::default()).unwrap();
+    let a = open::open(&tar, &CacheConfig::default()).unwrap();
     let attr = a.lookup(ROOT_INO, b"sparse").unwrap();
     assert_eq!(attr.size, regions * 8192);
     for i in [0, 1, 777_777, regions - 1] {

@@ -2,9 +2,10 @@
 //! of it. Any panic, abort, hang or huge allocation is a bug.
 #![no_main]
 
-use archfs::archive::check;
+use archfs::archive::check::FUZZ_LIMITS;
+use archfs::open::{check_bytes, Format};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = check::check_bytes(data, check::Format::Tar, check::FUZZ_LIMITS);
+    let _ = check_bytes(data, Format::Tar, FUZZ_LIMITS);
 });

@@ -5,9 +5,8 @@
 
 use std::collections::HashSet;
 
-use super::{Archive, Kind, Source, ROOT_INO};
-use crate::cache::CacheConfig;
-use crate::error::{Error, Result};
+use super::{Archive, Kind, ROOT_INO};
+use crate::error::Error;
 
 /// Bounds that keep a walk of a hostile archive finite.
 #[derive(Clone, Copy, Debug)]
@@ -195,16 +194,6 @@ fn read_file(
     true
 }
 
-/// The formats [`check_bytes`] can be asked to read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    SquashFs,
-    /// Indexed with `--recursive`, so nested tars (plain and compressed) are parsed too.
-    Tar,
-    /// A compressed tar (gzip, zstd, xz, bzip2, by its magic), entry points every 64 KiB.
-    CompressedTar,
-}
-
 /// Limits for archives whose bytes come from a fuzzer: small enough for thousands of
 /// runs a second, large enough to reach every structure of a small archive.
 pub const FUZZ_LIMITS: Limits = Limits {
@@ -212,67 +201,3 @@ pub const FUZZ_LIMITS: Limits = Limits {
     bytes: 16 << 20,
     reports: 8,
 };
-
-/// Opens `data` (held in an anonymous memory file) as `format` with a 4 MiB cache and
-/// walks it. The fuzz targets and the regression test of their findings call this.
-pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report> {
-    let file = memfd(data)?;
-    let source = Source::open(std::path::Path::new(&format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&file)
-    )))?;
-    let cache = CacheConfig {
-        total_bytes: 4 << 20,
-    };
-    let opts = crate::tar::BuildOptions {
-        recursive: true,
-        implied_uid: 0,
-        implied_gid: 0,
-        implied_mtime: 0,
-    };
-    // Compressed tars (the archive, or members of a plain one) decode to at most 64 MiB.
-    let how = crate::tar::Decoding {
-        spacing: 64 << 10,
-        cache_bytes: cache.total_bytes,
-        stage_dir: None,
-        limit: 64 << 20,
-    };
-    let archive: Box<dyn Archive> = match format {
-        Format::SquashFs => Box::new(crate::squashfs::SquashFs::open(source, &cache)?),
-        Format::Tar => Box::new(crate::tar::TarArchive::build(
-            std::sync::Arc::new(source),
-            opts,
-            &how,
-            &mut |_| {},
-        )?),
-        Format::CompressedTar => {
-            let mut magic = [0u8; 4];
-            source.read_exact_at(0, &mut magic)?;
-            let codec = crate::compressed::Codec::detect(&magic)
-                .ok_or_else(|| Error::Unsupported("no compressed format's magic".into()))?;
-            Box::new(crate::tar::TarArchive::build_compressed(
-                std::sync::Arc::new(source),
-                opts,
-                codec,
-                &how,
-                &mut |_| {},
-            )?)
-        }
-    };
-    Ok(check(&*archive, limits))
-}
-
-fn memfd(data: &[u8]) -> Result<std::fs::File> {
-    use std::io::Write;
-    use std::os::fd::FromRawFd;
-    // SAFETY: the name is a NUL-terminated literal; a new descriptor is returned or -1.
-    let fd = unsafe { libc::memfd_create(c"archfs-check".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::io("memfd_create", std::io::Error::last_os_error()));
-    }
-    // SAFETY: fd was just created and is owned by nothing else.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.write_all(data)
-        .map_err(|e| Error::io("writing the memory file", e))?;
-    Ok(file)
-}

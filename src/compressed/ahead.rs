@@ -14,8 +14,8 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Decoder, Point};
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 /// Archive bytes read in large windows, for finding pieces from headers spread through
 /// the archive: a small `pread` of a cold file waits for the disk each time (a pzstd

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use super::ahead::{DecodeFn, Piece, Split, Window};
 use super::{Decoder, Point};
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 const BLOCK_MAGIC: u64 = 0x3141_5926_5359;
 const END_MAGIC: u64 = 0x1772_4538_5090;

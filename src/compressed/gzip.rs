@@ -9,8 +9,8 @@ use libz_rs_sys as z;
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 /// zlib's window: what a resumed stream may refer back to.
 pub const WINDOW: usize = 32 << 10;

@@ -23,9 +23,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::archive::{Buf, Data, Source};
+use crate::archive::Data;
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
+use crate::source::{Buf, Source};
 pub use stage::Stage;
 /// The sparse-window decoder, for its fuzz target.
 pub use window::sparse as sparse_window;

@@ -7,8 +7,8 @@ use super::xz::Block;
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 enum Engine {
     Xz(liblzma::stream::Stream),

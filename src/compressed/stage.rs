@@ -18,8 +18,8 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 
 use super::{fill, Codec, Decoder, Points, BLOCK};
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 pub struct Stage {
     file: File,
@@ -300,7 +300,7 @@ impl Stage {
                     return Err(e);
                 }
             };
-            let mut block = crate::archive::Buf::take(BLOCK as usize);
+            let mut block = crate::source::Buf::take(BLOCK as usize);
             let ok = self.copy_one(i, dec.as_mut(), &mut block)?;
             done(dec);
             if !ok {
@@ -476,7 +476,7 @@ const FAILED: u8 = 3;
 
 /// Whether `len` bytes fit in 3/4 of the free memory (or the free memory is unknown).
 fn fits(len: u64) -> bool {
-    crate::preload::available_memory().is_none_or(|free| (len as f64) < free as f64 * 0.75)
+    crate::memory::available().is_none_or(|free| (len as f64) < free as f64 * 0.75)
 }
 
 fn default_dir() -> PathBuf {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use super::gzip::WINDOW;
 use super::Point;
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 /// Archive bytes the check of a sparse window may read past its entry point: a
 /// window's length of output takes at most ~33 KiB of deflate input (stored blocks).

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use liblzma::stream::{Action, Filters, Status, Stream};
 
 use super::{Decoder, Input, Point};
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 pub const HEADER_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 const FOOTER_MAGIC: &[u8; 2] = b"YZ";

@@ -10,8 +10,8 @@ use super::ahead::{Ahead, DecodeFn, Piece, Split, Window};
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 pub struct Frames {
     dctx: DCtx<'static>,

@@ -9,9 +9,10 @@ use parking_lot::Mutex;
 
 use super::inode::{Body, NO_FRAGMENT};
 use super::SquashFs;
-use crate::archive::{Buf, Data};
+use crate::archive::Data;
 use crate::cache::Weighted;
 use crate::error::{Error, Result};
+use crate::source::Buf;
 
 const UNCOMPRESSED: u32 = 1 << 24;
 const SIZE_MASK: u32 = UNCOMPRESSED - 1;

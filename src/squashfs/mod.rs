@@ -23,9 +23,10 @@ pub use superblock::Superblock;
 use superblock::NO_TABLE;
 use xattr::XattrTable;
 
-use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
+use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
 use crate::cache::{BlockCache, CacheConfig};
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 pub struct SquashFs {
     source: Source,

@@ -3,8 +3,8 @@
 
 use super::metadata::BLOCK_SIZE;
 use super::SquashFs;
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 /// The pointer array of a table of `count` entries of `entry_size` bytes at `start`.
 pub fn read_pointers(

@@ -4,8 +4,8 @@
 use super::metadata::BLOCK_SIZE;
 use super::table::read_pointers;
 use super::SquashFs;
-use crate::archive::Source;
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 /// The xattr id table, read at open.
 pub struct XattrTable {

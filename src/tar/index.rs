@@ -10,9 +10,10 @@ use std::sync::Arc;
 use super::column::Column;
 use super::header::{self, Header, BLOCK};
 
-use crate::archive::{Kind, Source};
+use crate::archive::Kind;
 use crate::compressed::{Bytes, Codec, Points, Scan};
 use crate::error::{Error, Result};
+use crate::source::Source;
 
 pub const NONE: u32 = u32::MAX;
 pub const ROOT: u32 = 0;

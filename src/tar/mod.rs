@@ -13,11 +13,17 @@ use std::time::{Duration, Instant};
 
 use index::{kind_of, Index, Node, SPARSE};
 
-use crate::archive::{Archive, Attr, Buf, Data, DirEntry, Extent, Kind, Source, Stats, ROOT_INO};
+use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
 use crate::compressed::{Codec, Decoded, Points, Scan};
 use crate::error::{Error, Result};
+use crate::source::{Buf, Source};
 
 pub use index::BuildOptions;
+
+/// Entry points every 128 KiB of decoded data: on the bench's tar.gz a cold shuffled
+/// epoch took 7.25 s at 1 MiB, 4.49 s at 256 KiB, 4.11 s at 128 KiB and 4.04 s at
+/// 64 KiB, with saved indexes of 0.05-0.15% of the archive (sparse windows).
+pub const DEFAULT_SPACING: u64 = 128 << 10;
 
 /// Whether `raw` is a non-empty header with a valid checksum.
 pub fn header_ok(raw: &[u8; 512]) -> bool {
@@ -99,7 +105,7 @@ pub struct Decoding {
 impl Default for Decoding {
     fn default() -> Decoding {
         Decoding {
-            spacing: crate::archive::DEFAULT_SPACING,
+            spacing: DEFAULT_SPACING,
             cache_bytes: crate::cache::CacheConfig::default().total_bytes,
             stage_dir: None,
             limit: u64::MAX,

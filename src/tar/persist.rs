@@ -5,13 +5,13 @@
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::column::Column;
 use super::index::{kind_of, Index, Meta, Segment, NONE, ROOT, SPARSE};
-use crate::archive::{Kind, Source};
-use crate::error::{Error, Result};
+use crate::archive::Kind;
+use crate::error::Result;
+use crate::source::Source;
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
 /// 4: compressed tars inside the archive in that section; 3: a section for the
@@ -30,8 +30,6 @@ pub struct Identity {
 
 impl Identity {
     pub fn of(source: &Source, recursive: bool) -> Result<Identity> {
-        let meta = std::fs::metadata(source.path())
-            .map_err(|e| Error::io(format!("stat {}", source.path().display()), e))?;
         let size = source.len();
         let edge = 64 << 10;
         let mut crc = crc32fast::Hasher::new();
@@ -40,7 +38,7 @@ impl Identity {
         crc.update(&source.read_vec(tail, (size - tail) as usize)?);
         Ok(Identity {
             size,
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            mtime_ns: source.version(),
             content: crc.finalize(),
             options: u32::from(recursive),
         })

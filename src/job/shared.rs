@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::mountpoint::start_time;
+use super::mountpoint::start_time;
 
 /// The registry of one shared mount point: `.NAME.archfs-shared/` beside it, holding
 /// `lock` and one `PID-STARTTIME` file per rank (the start time tells a reused pid apart).

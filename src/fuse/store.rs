@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::push::Store;
+use crate::warm::push::Store;
 
 /// FUSE_NOTIFY_STORE (include/uapi/linux/fuse.h).
 const NOTIFY_STORE: i32 = 4;

@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 
 use crate::archive::{Archive, Data, DirEntry, Kind};
 use crate::error::{Error, Result};
-use crate::preload::Trigger;
-use crate::push::Pusher;
+use crate::warm::preload::Trigger;
+use crate::warm::push::Pusher;
 
 /// An open directory's entries, `.` and `..` first.
 #[derive(Clone)]

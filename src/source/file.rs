@@ -1,28 +1,30 @@
-//! Positional reads on the archive file. `pread` needs no lock, so parallel readers never
-//! queue behind each other for I/O.
+//! The local file, the first kind of [`Storage`]: `pread` needs no lock, and the kernel
+//! reads ahead on advice and splices from the file's page cache.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::Buf;
+use std::sync::Arc;
+
+use super::Storage;
 use crate::error::{Error, Result};
 
+/// An archive in a local file (or on a parallel filesystem mounted as one).
 #[derive(Debug)]
-pub struct Source {
+pub struct LocalFile {
     file: File,
-    /// Where this source starts in the file (a member of an archive: [`Source::slice`]).
-    base: u64,
     len: u64,
     mtime: i64,
+    mtime_ns: i64,
     path: PathBuf,
     /// Bytes the kernel reads of one `POSIX_FADV_WILLNEED` ([`advice_piece`]).
     advice: Option<u64>,
 }
 
-impl Source {
-    pub fn open(path: &Path) -> Result<Source> {
+impl LocalFile {
+    pub fn open(path: &Path) -> Result<LocalFile> {
         let file = File::open(path).map_err(|e| {
             let hint = match e.kind() {
                 std::io::ErrorKind::NotFound => "check the path",
@@ -44,123 +46,64 @@ impl Source {
             )));
         }
         use std::os::unix::fs::MetadataExt;
-        Ok(Source {
+        Ok(LocalFile {
             advice: advice_piece(&file),
             file,
-            base: 0,
             len: meta.len(),
             mtime: meta.mtime(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
             path: path.to_owned(),
         })
     }
+}
 
-    /// The same file through a descriptor of its own, so that a reader that moves through
-    /// the file on its own course keeps its own kernel readahead (reads at other places
-    /// through one descriptor make the kernel take both for random reads). Falls back to
-    /// a copy of this one's descriptor.
-    pub fn reopen(&self) -> Result<Source> {
-        use std::os::fd::AsRawFd;
-        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
-        let file = File::open(&proc)
-            .or_else(|_| self.file.try_clone())
-            .map_err(|e| Error::io(format!("cannot reopen {}", self.path.display()), e))?;
-        Ok(Source {
-            file,
-            base: self.base,
-            len: self.len,
-            mtime: self.mtime,
-            path: self.path.clone(),
-            advice: self.advice,
-        })
+impl Storage for LocalFile {
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        self.file.read_exact_at(buf, pos)
     }
 
-    /// Bytes `[at, at + len)` of this source as a source of its own, through a
-    /// descriptor of its own (a compressed tar inside a tar).
-    pub fn slice(&self, at: u64, len: u64) -> Result<Source> {
-        if at.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(Error::corrupt(format!(
-                "a member at {at} of {len} bytes is past the end of {}",
-                self.path.display()
-            )));
-        }
-        let mut s = self.reopen()?;
-        s.base += at;
-        s.len = len;
-        Ok(s)
+    fn size(&self) -> u64 {
+        self.len
     }
 
-    /// Asks the kernel to start reading `[at, at + len)` into the page cache, without
-    /// waiting: a scan that will read it soon overlaps that I/O with its own work.
-    pub fn will_need(&self, at: u64, len: u64) {
-        let end = at.saturating_add(len).min(self.len);
-        let len = end.saturating_sub(at);
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn mtime(&self) -> i64 {
+        self.mtime
+    }
+
+    fn version(&self) -> i64 {
+        self.mtime_ns
+    }
+
+    fn will_need(&self, at: u64, len: u64) {
         // Asked for in 1 MiB pieces, a scan's first bytes come sooner: a cold first
         // index of the bench's 1.1 GB tar took 0.46-0.58 s so, 0.42-0.99 s (mostly
         // 0.9) in the disk's 8 MiB readahead pieces.
         let piece = self.advice.map_or(len, |a| a.min(1 << 20));
-        will_need(&self.file, self.base + at, len, piece);
+        will_need(&self.file, at, len, piece);
     }
 
-    pub fn len(&self) -> u64 {
-        self.len
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.file.as_fd())
     }
 
-    /// Where this source starts in its file (0 unless it is a [`slice`](Self::slice)).
-    pub fn base(&self) -> u64 {
-        self.base
-    }
-
-    /// Modification time of the archive file (seconds).
-    pub fn mtime(&self) -> i64 {
-        self.mtime
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Fills `buf` from `pos`; a range past the end of the file means the archive is
-    /// truncated or an offset in it is corrupt.
-    pub fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
-        let end = pos.checked_add(buf.len() as u64);
-        if end.is_none_or(|end| end > self.len) {
-            return Err(Error::corrupt(format!(
-                "read of {} bytes at offset {pos} is past the end of the archive ({} bytes): truncated?",
-                buf.len(),
-                self.len
-            )));
-        }
-        self.file.read_exact_at(buf, self.base + pos).map_err(|e| {
-            Error::io(
-                format!("read at offset {pos} of {}", self.path.display()),
-                e,
-            )
-        })
-    }
-
-    /// Where `[pos, pos + len)` lies in the file on disk, to move it without a copy into
-    /// this process (see [`super::Archive::stored_at`]); `None` past the end.
-    pub fn stored_at(&self, pos: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
-        let end = pos.checked_add(len)?;
-        (end <= self.len).then(|| (self.file.as_fd(), self.base + pos))
-    }
-
-    /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.
-    pub fn read_buf(&self, pos: u64, len: usize) -> Result<Buf> {
-        let mut buf = Buf::take(len);
-        self.read_exact_at(pos, &mut buf)?;
-        Ok(buf)
-    }
-
-    /// Reads `len` bytes at `pos` into a new buffer.
-    pub fn read_vec(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        self.read_exact_at(pos, &mut buf)?;
-        Ok(buf)
+    /// Through a descriptor of its own (reads at other places through one descriptor
+    /// make the kernel take both for random reads); falls back to a copy of this one's.
+    fn reopen(&self) -> std::io::Result<Arc<dyn Storage>> {
+        use std::os::fd::AsRawFd;
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let file = File::open(&proc).or_else(|_| self.file.try_clone())?;
+        Ok(Arc::new(LocalFile {
+            file,
+            len: self.len,
+            mtime: self.mtime,
+            mtime_ns: self.mtime_ns,
+            path: self.path.clone(),
+            advice: self.advice,
+        }))
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::RwLock;
 
 use crate::archive::{Archive, Kind, ROOT_INO};
-use crate::preload;
+use crate::warm::preload;
 
 /// Bytes a push carries at most; each comes from the archive's own read path.
 const PIECE: u32 = 1 << 20;
@@ -201,7 +201,7 @@ impl Pusher {
             return;
         }
         // The pushed pages come on top of the archive's, which the preload caches.
-        if let Some(free) = preload::available_memory() {
+        if let Some(free) = crate::memory::available() {
             let archive: u64 = self
                 .archive
                 .extents()
@@ -419,7 +419,7 @@ mod tests {
         tar.resize(tar.len() + 1024, 0);
         let path = dir.join("t.tar");
         std::fs::write(&path, &tar).unwrap();
-        let archive = crate::archive::open(&path, &crate::cache::CacheConfig::default()).unwrap();
+        let archive = crate::open::open(&path, &crate::cache::CacheConfig::default()).unwrap();
         let ino = |d: &str| archive.lookup(ROOT_INO, d.as_bytes()).unwrap().ino;
         let files_of = |d: &str| -> Vec<u64> {
             let mut v: Vec<u64> = archive

@@ -1,4 +1,9 @@
-//! The thin adapter between fuser and [`Vfs`]: one operation, one call, one reply.
+//! The serving side: the thin adapter between fuser and [`Vfs`] (one operation, one
+//! call, one reply), the operations themselves ([`vfs`], no fuser types) and the push's
+//! writes to /dev/fuse ([`store`]). Imports the archive interface and [`crate::warm`].
+
+pub mod store;
+pub mod vfs;
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -17,8 +22,8 @@ use parking_lot::Mutex;
 
 use crate::archive::{Attr, Kind};
 use crate::error::Error;
-use crate::prelist::Ahead;
-use crate::vfs::Vfs;
+use crate::warm::prelist::Ahead;
+use vfs::Vfs;
 
 /// The archive never changes while mounted, so the kernel may keep what it learns.
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);

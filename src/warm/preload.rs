@@ -77,7 +77,7 @@ impl Trigger {
         let Some(extents) = self.extents.lock().take() else {
             return;
         };
-        let plan = Plan::new(extents, available_memory());
+        let plan = Plan::new(extents, crate::memory::available());
         match &plan.skipped {
             Some(why) => tracing::info!("{AUTO_AFTER_FILES} files read: {why}"),
             None if plan.extents.is_empty() => {}
@@ -178,7 +178,7 @@ impl Plan {
                     // Already in memory: nothing to read.
                     Ok(file) if in_memory(&file) => continue,
                     Ok(file) => {
-                        let piece = crate::archive::advice_piece(&file);
+                        let piece = crate::source::advice_piece(&file);
                         files.push((e.path.as_path(), file, piece));
                         files.len() - 1
                     }
@@ -246,7 +246,7 @@ fn fetch(
     if let Some(piece) = piece {
         // One call for the chunk where the device takes it whole: in 1 MiB pieces a
         // cold epoch of the bench's tar took 0.82-1.10 s against 0.74-0.90 s.
-        crate::archive::will_need(file, at, len as u64, piece.min(CHUNK));
+        crate::source::will_need(file, at, len as u64, piece.min(CHUNK));
         let mut last = [0u8; 1];
         return file.read_exact_at(&mut last, at + len as u64 - 1);
     }
@@ -271,76 +271,6 @@ fn human(bytes: u64) -> String {
         1_000_000..1_000_000_000 => format!("{:.0} MB", b / 1e6),
         _ => format!("{:.1} GB", b / 1e9),
     }
-}
-
-/// Memory the page cache can grow into: the kernel's MemAvailable, lowered to what the
-/// memory cgroup (a batch job's limit) leaves, counting the cgroup's page cache as free.
-pub fn available_memory() -> Option<u64> {
-    let system = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| meminfo_available(&t));
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| cgroup_headroom(&t, Path::new("/sys/fs/cgroup")));
-    match (system, cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-fn meminfo_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// The least headroom over this process's memory cgroup and its ancestors, for cgroup v2
-/// (`0::/path`) and v1 (`N:memory:/path`). `None` when no limit is set.
-fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
-    let read = |p: &Path| std::fs::read_to_string(p).ok();
-    let num = |p: &Path| read(p).and_then(|t| t.trim().parse::<u64>().ok());
-    let stat = |p: &Path, key: &str| {
-        read(p).and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
-        })
-    };
-    let mut best: Option<u64> = None;
-    for line in self_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let (mut dir, v2) = match controllers {
-            "" => (root.join(path.trim_start_matches('/')), true),
-            c if c.split(',').any(|c| c == "memory") => (
-                root.join("memory").join(path.trim_start_matches('/')),
-                false,
-            ),
-            _ => continue,
-        };
-        loop {
-            let (max, used, cache) = if v2 {
-                (
-                    num(&dir.join("memory.max")),
-                    num(&dir.join("memory.current")),
-                    stat(&dir.join("memory.stat"), "file"),
-                )
-            } else {
-                (
-                    num(&dir.join("memory.limit_in_bytes")).filter(|&l| l < 1 << 60),
-                    num(&dir.join("memory.usage_in_bytes")),
-                    stat(&dir.join("memory.stat"), "total_cache"),
-                )
-            };
-            if let (Some(max), Some(used)) = (max, used) {
-                let free = max.saturating_sub(used.saturating_sub(cache.unwrap_or(0)));
-                best = Some(best.map_or(free, |b| b.min(free)));
-            }
-            if dir == root || !dir.pop() || !dir.starts_with(root) {
-                break;
-            }
-        }
-    }
-    best
 }
 
 #[cfg(test)]
@@ -398,7 +328,7 @@ mod tests {
         let dropped =
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(dropped, 0);
-        let resident = crate::archive::resident;
+        let resident = crate::source::resident;
         assert!(resident(&file, len) < 256, "pages not dropped");
         let mut scratch = Vec::new();
         fetch(&file, None, 1 << 20, 2 << 20, &mut scratch).unwrap();
@@ -414,41 +344,5 @@ mod tests {
         std::fs::remove_file(&shm).unwrap();
         assert!(in_memory(&f));
         assert!(!in_memory(&File::open(env!("CARGO_MANIFEST_DIR")).unwrap()));
-    }
-
-    #[test]
-    fn meminfo() {
-        let t = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(meminfo_available(t), Some(20_000_000 * 1024));
-        assert_eq!(meminfo_available("MemTotal: 1 kB\n"), None);
-    }
-
-    #[test]
-    fn cgroup_v2_and_v1_limits() {
-        let root = std::env::temp_dir().join(format!("archfs-cg-{}", std::process::id()));
-        let job = root.join("slurm/job_7");
-        std::fs::create_dir_all(&job).unwrap();
-        std::fs::write(root.join("slurm/memory.max"), "max\n").unwrap();
-        std::fs::write(root.join("slurm/memory.current"), "5000\n").unwrap();
-        std::fs::write(job.join("memory.max"), "10000\n").unwrap();
-        std::fs::write(job.join("memory.current"), "6000\n").unwrap();
-        std::fs::write(job.join("memory.stat"), "anon 3000\nfile 2500\n").unwrap();
-        // 10000 - (6000 - 2500): the job's page cache counts as free.
-        assert_eq!(cgroup_headroom("0::/slurm/job_7\n", &root), Some(6500));
-        assert_eq!(cgroup_headroom("0::/\n", &root), None);
-
-        let v1 = root.join("memory/job_8");
-        std::fs::create_dir_all(&v1).unwrap();
-        std::fs::write(v1.join("memory.limit_in_bytes"), "8000\n").unwrap();
-        std::fs::write(v1.join("memory.usage_in_bytes"), "7000\n").unwrap();
-        std::fs::write(v1.join("memory.stat"), "cache 10\ntotal_cache 1000\n").unwrap();
-        std::fs::write(
-            root.join("memory/memory.limit_in_bytes"),
-            "9223372036854771712\n",
-        )
-        .unwrap();
-        let text = "12:cpu,cpuacct:/job_8\n4:memory:/job_8\n0::/\n";
-        assert_eq!(cgroup_headroom(text, &root), Some(2000));
-        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -5,6 +5,10 @@ number of files, the tar index against the number of entries, and the first epoc
 import subprocess
 import os
 
+from . import VPY
+from .deps import venv_has
+from .system import log
+
 EPOCH = r'''
 import json, sys
 import matplotlib
@@ -102,17 +106,15 @@ if tools and rs:
 '''
 
 
-def draw(B, script, json_path, outdir, files=0):
+def draw(script, json_path, outdir, files=0):
     """Runs one of the plot scripts above with the bench venv's matplotlib."""
-    if not B.venv_has("matplotlib"):
-        B.log("pip install matplotlib (bench venv)")
-        subprocess.run([B.VPY, "-m", "pip", "install", "-q", "matplotlib"])
+    if not venv_has("matplotlib"):
+        log("pip install matplotlib (bench venv)")
+        subprocess.run([VPY, "-m", "pip", "install", "-q", "matplotlib"])
     os.makedirs(outdir, exist_ok=True)
-    r = subprocess.run([B.VPY, "-c", script, json_path, outdir, str(files)], capture_output=True,
+    r = subprocess.run([VPY, "-c", script, json_path, outdir, str(files)], capture_output=True,
                        text=True)
     if r.returncode != 0:
-        B.log(f"plots failed: {r.stderr.strip()[-300:]}")
+        log(f"plots failed: {r.stderr.strip()[-300:]}")
     else:
-        B.log(f"plots in {outdir}")
-
-
+        log(f"plots in {outdir}")

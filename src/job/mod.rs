@@ -13,6 +13,10 @@
 //! - under `run`, the command ending in any way: `run` unmounts once it has ended, and
 //!   meanwhile passes signals on to it, like an init wrapper (tini, dumb-init).
 
+pub mod attach;
+pub mod mountpoint;
+pub mod shared;
+
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -26,16 +30,16 @@ use std::time::Duration;
 
 use fuser::{Config, Session, SessionACL};
 
-use crate::archive::{self, Ahead, Archive};
+use crate::archive::{Ahead, Archive};
 use crate::cache::CacheConfig;
 use crate::fuse::{ArchFs, Readdirplus};
-use crate::fuse_mount;
-use crate::mountpoint::{self, MountId, Prepared};
-use crate::prelist::{self, Lister};
-use crate::preload::{self, Trigger};
-use crate::push::Pusher;
-use crate::shared::{Locked, Registry};
-use crate::vfs::Vfs;
+
+use crate::fuse::vfs::Vfs;
+use crate::warm::prelist::{self, Lister};
+use crate::warm::preload::{self, Trigger};
+use crate::warm::push::Pusher;
+use mountpoint::{MountId, Prepared};
+use shared::{Locked, Registry};
 
 /// What to mount and how; the command line fills it in.
 #[derive(Clone, Debug)]
@@ -60,7 +64,7 @@ pub struct Settings {
     pub stage_dir: Option<PathBuf>,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
-    /// List the whole tree through the mount once it is live ([`crate::prelist`]), when
+    /// List the whole tree through the mount once it is live ([`crate::warm::prelist`]), when
     /// listings carry attributes and the kernel's inodes fit in memory.
     pub prelist: bool,
     pub debug: bool,
@@ -443,13 +447,14 @@ fn open_and_mount(
     let cache = CacheConfig {
         total_bytes: s.cache_size,
     };
-    let options = archive::OpenOptions {
+    let options = crate::open::OpenOptions {
         recursive: s.recursive,
         index: s.index.clone(),
         spacing: Some(s.entry_spacing),
         stage_dir: s.stage_dir.clone(),
     };
-    let archive = archive::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
+    let archive =
+        crate::open::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());
     // `always` decides what fits (and warns) before the mount goes live, while the
     // terminal still shows warnings.
@@ -476,7 +481,7 @@ fn open_and_mount(
             (Some(Arc::new(trigger)), None)
         }
         Preload::Always => {
-            let plan = preload::Plan::new(archive.extents(), preload::available_memory());
+            let plan = preload::Plan::new(archive.extents(), crate::memory::available());
             if let Some(why) = &plan.skipped {
                 tracing::warn!("{why}");
             }
@@ -555,7 +560,7 @@ impl Mount {
         };
         let list_ahead = s.prelist
             && s.readdirplus == Readdirplus::Always
-            && prelist::fits(archive.stats().inodes, preload::available_memory());
+            && prelist::fits(archive.stats().inodes, crate::memory::available());
         let ahead = prelist::Ahead::new();
         if let (true, Some(p)) = (list_ahead, &push) {
             p.expect_whole_tree();
@@ -572,12 +577,11 @@ impl Mount {
                 s.readdirplus,
                 list_ahead.then(|| ahead.clone()),
             );
-            let session =
-                fuse_mount::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
-                    Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
-                        let _ = mountpoint::lazy_unmount(&prepared.path);
-                    })
-                });
+            let session = attach::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
+                Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
+                    let _ = mountpoint::lazy_unmount(&prepared.path);
+                })
+            });
             match session {
                 Ok(session) => break (session, prepared, watchdog),
                 Err(e) => {
@@ -596,7 +600,7 @@ impl Mount {
         watchdog.arm();
         if let Some(p) = &push {
             match session.as_fd().try_clone_to_owned() {
-                Ok(dev) => p.set_store(Box::new(crate::fuse_store::DevStore::new(dev))),
+                Ok(dev) => p.set_store(Box::new(crate::fuse::store::DevStore::new(dev))),
                 Err(e) => tracing::warn!("not pushing files into the page cache: {e}"),
             }
         }

@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::mountpoint::{fusermount_missing, is_root};
+use super::mountpoint::{fusermount_missing, is_root};
 
 /// Mounts a read-only FUSE filesystem of type `fuse.archfs` on `path` (a directory) and
 /// returns the /dev/fuse descriptor to serve it from.

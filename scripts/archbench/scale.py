@@ -41,7 +41,12 @@ import subprocess
 import sys
 import time
 
-import bench_plots
+from . import SCRIPT, VPY, plots
+from .corpus import read_manifest, write_list
+from .deps import ensure_venv, venv_has
+from .system import REG, Failed, Timeout, drop_caches, log, sh
+from .tools import Archfs, Kernel, PlainDir, Squashfuse, find_archfs
+from .workloads import read_pass, run_group
 
 IMAGENET_FILES = 1_281_167
 IMAGENET_CLASSES = 1000
@@ -114,8 +119,7 @@ def vm_rss_mib(pids):
 
 
 class Scale:
-    def __init__(self, B, args):
-        self.B = B
+    def __init__(self, args):
         self.args = args
         self.res = {}      # section -> tool -> metric -> [values]
         self.notes = []
@@ -123,7 +127,7 @@ class Scale:
         self.tmp = os.path.join(args.workdir, "tmp")
         os.makedirs(self.mntdir, exist_ok=True)
         os.makedirs(self.tmp, exist_ok=True)
-        self.archfs_bin = B.find_archfs(args)
+        self.archfs_bin = find_archfs(args)
         self.extra = shlex.split(args.archfs_args)
         self.alt = shlex.split(args.scale_alt_args) if args.scale_alt_args else None
 
@@ -132,12 +136,12 @@ class Scale:
     def rec(self, section, tool, metric, value):
         self.res.setdefault(section, {}).setdefault(tool, {}).setdefault(metric, []).append(value)
         if self.args.verbose:
-            self.B.log(f"    {section} / {tool} / {metric}: {value}")
+            log(f"    {section} / {tool} / {metric}: {value}")
 
     def note(self, msg):
         if msg not in self.notes:
             self.notes.append(msg)
-        self.B.log("  " + msg)
+        log("  " + msg)
 
     # -- data --------------------------------------------------------------------------------
 
@@ -149,18 +153,18 @@ class Scale:
         tar = os.path.join(d, "data.tar")
         manifest_path = os.path.join(d, "files.tsv")
         if not os.path.exists(tar + ".complete"):
-            self.B.log(f"writing {files} members in {classes} directories to {tar}")
+            log(f"writing {files} members in {classes} directories to {tar}")
             t0 = time.perf_counter()
             manifest = write_tar(tar, files, classes, self.args.seed, max_size, keep_manifest)
             if keep_manifest:
-                self.B.write_list(manifest_path + ".tmp", manifest)
+                write_list(manifest_path + ".tmp", manifest)
                 os.replace(manifest_path + ".tmp", manifest_path)
             open(tar + ".complete", "w").close()
-            self.B.log(f"  {time.perf_counter() - t0:.0f} s, {os.path.getsize(tar) / 1e9:.2f} GB")
+            log(f"  {time.perf_counter() - t0:.0f} s, {os.path.getsize(tar) / 1e9:.2f} GB")
         out = {"dir": d, "tar": tar, "manifest": manifest_path, "files": files}
         img = os.path.join(d, "zstd.sqfs")
         if sqfs and not os.path.exists(img + ".complete"):
-            self.B.log("tar2sqfs -c zstd")
+            log("tar2sqfs -c zstd")
             t0 = time.perf_counter()
             with open(tar, "rb") as f:
                 r = subprocess.run(["tar2sqfs", "-q", "-f", "-c", "zstd", img], stdin=f,
@@ -168,13 +172,13 @@ class Scale:
             if r.returncode != 0:
                 raise SystemExit(f"tar2sqfs failed: {r.stderr.strip()[-300:]}")
             open(img + ".complete", "w").close()
-            self.B.log(f"  {time.perf_counter() - t0:.0f} s")
+            log(f"  {time.perf_counter() - t0:.0f} s")
         if sqfs:
             out["sqfs"] = img
-            self.B.REG.images.append(img)
+            REG.images.append(img)
         src = os.path.join(d, "src")
         if plain and not os.path.exists(src + ".complete"):
-            self.B.log("tar -x into a plain directory")
+            log("tar -x into a plain directory")
             shutil.rmtree(src, ignore_errors=True)
             os.makedirs(src)
             subprocess.run(["tar", "-xf", tar, "-C", src], check=True)
@@ -184,35 +188,35 @@ class Scale:
         return out
 
     def targets(self, ds, tag):
-        B, cap = self.B, self.args.cap
+        cap = self.args.cap
 
         def M(name):
             return os.path.join(self.mntdir, f"{tag}-{name}")
-        ts = [B.Archfs("archfs tar", ds["tar"], M("archfs-tar"), cap, self.archfs_bin,
-                       self.extra)]
+        ts = [Archfs("archfs tar", ds["tar"], M("archfs-tar"), cap, self.archfs_bin,
+                     self.extra)]
         if self.alt is not None:
-            ts.append(B.Archfs("archfs alt tar", ds["tar"], M("archfs-alt-tar"), cap,
-                               self.archfs_bin, self.extra + self.alt))
+            ts.append(Archfs("archfs alt tar", ds["tar"], M("archfs-alt-tar"), cap,
+                             self.archfs_bin, self.extra + self.alt))
         if "sqfs" in ds:
-            ts.append(B.Archfs("archfs sqfs", ds["sqfs"], M("archfs-sqfs"), cap,
-                               self.archfs_bin, self.extra))
+            ts.append(Archfs("archfs sqfs", ds["sqfs"], M("archfs-sqfs"), cap,
+                             self.archfs_bin, self.extra))
             if self.alt is not None:
-                ts.append(B.Archfs("archfs alt sqfs", ds["sqfs"], M("archfs-alt-sqfs"), cap,
-                                   self.archfs_bin, self.extra + self.alt))
+                ts.append(Archfs("archfs alt sqfs", ds["sqfs"], M("archfs-alt-sqfs"), cap,
+                                 self.archfs_bin, self.extra + self.alt))
             if shutil.which("squashfuse_ll"):
-                ts.append(B.Squashfuse("squashfuse_ll sqfs", ds["sqfs"], M("sqfs-ll"), cap,
-                                       "squashfuse_ll"))
-            ts.append(B.Kernel("kernel sqfs", ds["sqfs"], M("kernel"), cap))
+                ts.append(Squashfuse("squashfuse_ll sqfs", ds["sqfs"], M("sqfs-ll"), cap,
+                                     "squashfuse_ll"))
+            ts.append(Kernel("kernel sqfs", ds["sqfs"], M("kernel"), cap))
         if "src" in ds:
-            ts.append(B.PlainDir("plain dir", ds["src"], M("plain"), cap))
+            ts.append(PlainDir("plain dir", ds["src"], M("plain"), cap))
         want = [w.strip() for w in (self.args.tools or "archfs,kernel,plain").split(",")]
         ts = [t for t in ts if any(w and w in t.name for w in want)]
-        B.REG.targets.extend(ts)
+        REG.targets.extend(ts)
         return ts
 
     def fresh(self, t):
         t.unmount()
-        self.B.drop_caches()
+        drop_caches()
         return t.mount()
 
     def index_files(self, tar):
@@ -226,33 +230,33 @@ class Scale:
     def timed_shell(self, cmd, expect=None):
         t0 = time.perf_counter()
         try:
-            r = self.B.sh(cmd, timeout=self.args.cap)
+            r = sh(cmd, timeout=self.args.cap)
         except subprocess.TimeoutExpired:
-            raise self.B.Timeout(cmd)
+            raise Timeout(cmd)
         dt = time.perf_counter() - t0
         if r.returncode != 0:
-            raise self.B.Failed(f"{cmd}: {r.stderr.strip()[-200:]}")
+            raise Failed(f"{cmd}: {r.stderr.strip()[-200:]}")
         if expect is not None and r.stdout.strip() != str(expect):
-            raise self.B.Failed(f"{cmd}: printed {r.stdout.strip()[:80]}, expected {expect}")
+            raise Failed(f"{cmd}: printed {r.stdout.strip()[:80]}, expected {expect}")
         return dt
 
     def listing(self, root, n):
         """ImageFolder's index of root; returns seconds."""
-        r = self.B.sh([self.py, self.B.SCRIPT, "_imagefolder", root], timeout=self.args.cap)
+        r = sh([self.py, SCRIPT, "_imagefolder", root], timeout=self.args.cap)
         if r.returncode != 0:
-            raise self.B.Failed(f"ImageFolder: {r.stderr.strip()[-300:]}")
+            raise Failed(f"ImageFolder: {r.stderr.strip()[-300:]}")
         o = json.loads(r.stdout.strip().splitlines()[-1])
         if o["images"] != n:
-            raise self.B.Failed(f"ImageFolder found {o['images']} images, expected {n}")
+            raise Failed(f"ImageFolder found {o['images']} images, expected {n}")
         return o["index_s"]
 
     def guarded(self, section, t, what, fn):
         try:
             fn()
-        except self.B.Timeout as e:
+        except Timeout as e:
             self.note(f"{section}: {t.name}: {what}: over the {self.args.cap:g} s cap ({e})")
             self.rec(section, t.name, what, "timeout")
-        except self.B.Failed as e:
+        except Failed as e:
             self.note(f"{section}: {t.name}: {what}: {e}")
             self.rec(section, t.name, what, "error")
         finally:
@@ -276,11 +280,11 @@ class Scale:
         def statpath():
             for p in ("cold", "warm") if warm else ("cold",):
                 go = (lambda: self.fresh(t)) if p == "cold" else None
-                _, outs, _ = self.B.run_group(
-                    [[sys.executable, self.B.SCRIPT, "_stat", t.root, paths]],
+                _, outs, _ = run_group(
+                    [[sys.executable, SCRIPT, "_stat", t.root, paths]],
                     lambda: time.time() + self.args.cap, go)
                 if outs[0]["errors"]:
-                    raise self.B.Failed(f"{outs[0]['errors']} errors, {outs[0]['first_error']}")
+                    raise Failed(f"{outs[0]['errors']} errors, {outs[0]['first_error']}")
                 self.rec(section, t.name, f"statpath_{p}", outs[0]["elapsed"])
         self.guarded(section, t, "statpath", statpath)
 
@@ -298,7 +302,7 @@ class Scale:
             order = list(manifest)
             rnd.shuffle(order)
             lf = os.path.join(self.tmp, "scale-order.tsv")
-            self.B.write_list(lf, order)
+            write_list(lf, order)
             listed = {}
 
             def cold_start():
@@ -308,9 +312,9 @@ class Scale:
             def f(readers=readers):
                 for p in ("cold", "warm"):
                     before = cold_start if p == "cold" else None
-                    wall, _ = self.B.read_pass(t.root, lf, readers,
-                                               lambda: time.time() + self.args.cap, n, nbytes,
-                                               before_go=before)
+                    wall, _ = read_pass(t.root, lf, readers,
+                                        lambda: time.time() + self.args.cap, n, nbytes,
+                                        before_go=before)
                     if p == "cold":
                         self.rec(section, t.name, f"list_cold_{readers}", listed["s"])
                     self.rec(section, t.name, f"epoch_{p}_{readers}", wall)
@@ -331,7 +335,7 @@ class Scale:
             t.unmount()
             files = self.index_files(tar)
             if not files:
-                raise self.B.Failed("no saved index after the first mount")
+                raise Failed("no saved index after the first mount")
             size = sum(os.path.getsize(x) for x in files)
             self.rec(section, t.name, "index_bytes_per_entry", size / n_entries)
             self.rec(section, t.name, "remount", self.fresh(t))
@@ -342,34 +346,34 @@ class Scale:
                 self.rec(section, t.name, "remount_rss_mib", rss)
                 self.rec(section, t.name, "remount_rss_per_entry", rss * 2**20 / n_entries)
         self.guarded(section, t, "index", f)
-        self.B.drop_caches()
+        drop_caches()
         self.rec(section, "cat tar", "first_mount", self.timed_shell(f"cat {shlex.quote(tar)} "
                                                                      "> /dev/null"))
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self):
-        a, B = self.args, self.B
-        self.py = B.VPY if B.venv_has("torchvision") else sys.executable
+        a = self.args
+        self.py = VPY if venv_has("torchvision") else sys.executable
         self.imagefolder_kind = ("torchvision.datasets.ImageFolder(root)"
-                                 if self.py == B.VPY else
+                                 if self.py == VPY else
                                  "torchvision's make_dataset steps (scandir + os.walk + "
                                  "extension check; torchvision not in the bench venv)")
         main = None
         if a.scale_files:
             classes = a.classes_given or classes_for(a.scale_files)
             main = self.dataset(a.scale_files, classes, 400)
-            manifest = B.read_manifest(main["manifest"])
+            manifest = read_manifest(main["manifest"])
             n = len(manifest)
             ts = self.targets(main, "main")
             paths = os.path.join(self.tmp, "scale-paths.tsv")
             order = list(manifest)
             random.Random(a.seed).shuffle(order)
-            B.write_list(paths, order)
+            write_list(paths, order)
             for run in range(a.runs):
-                B.log(f"=== scale run {run + 1}/{a.runs}: {n} files")
+                log(f"=== scale run {run + 1}/{a.runs}: {n} files")
                 for t in ts:
-                    B.log(t.name)
+                    log(t.name)
                     if "index" in a.scale_workloads and t.name == "archfs tar":
                         self.tar_index("index", t, main["tar"], n + classes)
                     if "meta" in a.scale_workloads:
@@ -383,13 +387,13 @@ class Scale:
             if main and files == a.scale_files:
                 continue
             ds = self.dataset(files, classes_for(files), 400)
-            B.log(f"=== walk at {files} files")
+            log(f"=== walk at {files} files")
             for t in self.targets(ds, f"walk{files}"):
                 self.walks(f"walk {files}", t, files, warm=False)
         for entries in a.scale_growth:
             classes = max(1, -(-entries // PER_CLASS))
             ds = self.dataset(entries, classes, 0, plain=False, sqfs=False, keep_manifest=False)
-            B.log(f"=== tar index at {entries} entries")
+            log(f"=== tar index at {entries} entries")
             t = self.targets(ds, f"growth{entries}")[0]
             for _ in range(a.runs):
                 self.tar_index(f"growth {entries}", t, ds["tar"], entries + classes)
@@ -515,31 +519,6 @@ def report(s, main, args):
     return "\n".join(out)
 
 
-def helper_imagefolder(argv):
-    """_imagefolder ROOT: ImageFolder's index of ROOT, timed; torchvision's own when it imports,
-    else the calls its make_dataset makes."""
-    root = argv[0]
-    try:
-        from torchvision import datasets
-    except ImportError:
-        datasets = None
-    t0 = time.perf_counter()
-    if datasets is not None:
-        n = len(datasets.ImageFolder(root).samples)
-    else:
-        exts = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-        samples = []
-        for i, c in enumerate(classes):
-            for d, _, fnames in sorted(os.walk(os.path.join(root, c), followlinks=True)):
-                for fname in sorted(fnames):
-                    path = os.path.join(d, fname)
-                    if path.lower().endswith(exts):
-                        samples.append((path, i))
-        n = len(samples)
-    print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
-
-
 TOOLS = ("archfs tar", "archfs alt tar", "archfs sqfs", "archfs alt sqfs", "squashfuse_ll sqfs",
          "kernel sqfs", "plain dir")
 
@@ -563,12 +542,12 @@ def add_args(ap):
     g.add_argument("--plot-dir", help="where PNG plots go (default WORKDIR/plots)")
 
 
-def main(B, args):
+def main(args):
     args.scale_walk = [int(x) for x in args.scale_walk.split(",") if x.strip()]
     args.scale_growth = [int(x) for x in args.scale_growth.split(",") if x.strip()]
     args.scale_workloads = set(args.scale_workloads.split(","))
-    s = Scale(B, args)
-    B.ensure_venv(argparse_ns_no_torch(args))
+    s = Scale(args)
+    ensure_venv(argparse_ns_no_torch(args))
     main_ds = s.run()
     md = report(s, main_ds, args)
     print(md)
@@ -580,9 +559,9 @@ def main(B, args):
     jpath = os.path.splitext(out)[0] + ".json"
     with open(jpath, "w") as f:
         json.dump({"argv": args.argv, "results": s.res, "notes": s.notes}, f, indent=1)
-    bench_plots.draw(B, bench_plots.SCALE, jpath, args.plot_dir or os.path.join(args.workdir, "plots"),
-                     args.scale_files)
-    B.log(f"wrote {out} and {jpath}")
+    plots.draw(plots.SCALE, jpath, args.plot_dir or os.path.join(args.workdir, "plots"),
+               args.scale_files)
+    log(f"wrote {out} and {jpath}")
 
 
 def argparse_ns_no_torch(args):

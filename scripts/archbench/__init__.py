@@ -1,0 +1,67 @@
+"""Benchmark archfs against its peers on one machine, in one run.
+
+Usage (as root: needs drop_caches, loop mounts and /dev/fuse):
+
+    scripts/bench --quick --runs 1                 # ~2,000 files, short caps: checks the harness
+    scripts/bench                                  # 20,000 files (~2.2 GB), 3 runs, medians
+    scripts/bench --jpeg --files 20000 --out /tmp/archfs-bench/result.md
+    scripts/bench --tools archfs,squashfuse_ll,kernel --workloads epoch,meta
+
+Compared: archfs on SquashFS (gzip, zstd: `mksquashfs src img -comp X`) and on a plain tar,
+with its default --preload=auto and with --preload=never (`archfs nopreload`); squashfuse and
+squashfuse_ll on the same images; the kernel's squashfs driver (loop mount); ratarmount,
+archivemount and fuse-archive (when installed) on the tar; the directory on disk; the dataset
+untarred into /dev/shm.
+
+`--scale` is a mode of its own (scripts/archbench/scale.py): ImageNet's 1.28 M files as a tar,
+a SquashFS image and a plain directory; metadata walks, ImageFolder, first epochs, and the
+tar index from 1.28 M to 14 M entries.
+
+Workloads, each cold (readers started, then page cache dropped and a fresh mount, timed from
+the moment the mount is live) then warm (second pass, same mount):
+shuffled whole-file epochs with 1/2/4 reader processes; 500 single-file read latencies;
+metadata walks (`find -type f`, os.stat of every file); torchvision ImageFolder index time and
+DataLoader epochs (num_workers 2 and 4, real JPEGs with --jpeg) when torch installs; time to a
+usable mount (for tar: without and with a saved index). Server peak RSS (VmHWM) and CPU
+seconds (utime+stime) are read from /proc before unmounting.
+
+Every tool x workload is capped (--cap seconds) and reported as "timeout" past it. Everything
+mounted is unmounted on exit (normal, error or signal). Datasets, images and the tar are
+cached under --workdir and reused. Helpers (ratarmount, Pillow, torch, torchvision) live in a
+venv at ~/.cache/archfs-bench/venv, created on first use; the orchestration is stdlib only.
+Progress goes to stderr; the markdown report to stdout and to --out.
+"""
+
+# The package behind scripts/bench (the command: it puts scripts/ on sys.path and calls main
+# below). One module per role; a new benchmark is a module of its own beside these:
+#   helpers    the helper modes, each run as a separate process (`bench _read ...`)
+#   system     logging and commands, caches and memory, /proc, mounts, the cleanup registry
+#   deps       the peers' Debian packages and the bench venv
+#   corpus     the dataset tree, its manifest and the archives packed from it
+#   tools      each tool compared and how it mounts and unmounts; preflight; the archfs binary
+#   workloads  the workloads and the Bench that runs each tool through them
+#   report     the markdown report
+#   plots      the PNG plots (matplotlib, in the bench venv)
+#   scale      the --scale mode
+#   cli        the flags and the orchestration of a run
+
+import os
+
+# The command helper processes are started as (`bench _read ...`): scripts/bench.
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+VENV = os.path.expanduser("~/.cache/archfs-bench/venv")
+VPY = os.path.join(VENV, "bin", "python")
+WORKTREE = "/tmp/archfs-bench-wt"
+TARGET_DIR = "/tmp/archfs-bench-target"
+MIB = 1 << 20
+
+
+def main(argv):
+    """scripts/bench ARGV: a helper mode (its name first, before any argument parsing), else
+    a benchmark run. A helper process imports the helpers alone."""
+    from .helpers import HELPERS
+    if argv and argv[0] in HELPERS:
+        HELPERS[argv[0]](argv[1:])
+        return
+    from . import cli
+    cli.run(argv)

@@ -1,0 +1,255 @@
+//! Choosing an archive's format by its content, the one place that knows every format:
+//! one archive, or the union of several, opened from paths for a mount, the inspection
+//! commands and the tests; and raw bytes opened as a given format for the fuzzers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::archive::check::{check, Limits, Report};
+use crate::archive::{Archive, Union};
+use crate::cache::CacheConfig;
+use crate::compressed::Codec;
+use crate::error::{Error, Result};
+use crate::source::Source;
+
+/// Opens an archive, choosing the format by its content rather than its name.
+pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
+    open_with(path, cache, &OpenOptions::default())
+}
+
+/// Like [`open`], with format-specific options.
+pub fn open_with(
+    path: &Path,
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Archive>> {
+    let source = Source::open(path)?;
+    let mut magic = [0u8; 4];
+    if source.len() >= 4 {
+        source.read_exact_at(0, &mut magic)?;
+    }
+    if &magic == b"hsqs" {
+        return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
+    }
+    let how = crate::tar::Decoding {
+        spacing: options.spacing.unwrap_or(crate::tar::DEFAULT_SPACING),
+        cache_bytes: cache.total_bytes,
+        stage_dir: options.stage_dir.clone(),
+        limit: u64::MAX,
+    };
+    if let Some(codec) = Codec::detect(&magic) {
+        let source = Arc::new(source);
+        if !decodes_to_tar(&source, codec) {
+            return Err(Error::Unsupported(format!(
+                "{} is {}-compressed but holds no tar archive (or is damaged at its start); \
+                 archfs mounts compressed tar archives and SquashFS images",
+                path.display(),
+                codec.name()
+            )));
+        }
+        let opts = tar_options(options, &source);
+        return Ok(crate::tar::open(
+            source,
+            opts,
+            options.index.as_deref(),
+            Some(codec),
+            &how,
+        )?);
+    }
+    if magic == [0x04, 0x22, 0x4d, 0x18] {
+        return Err(Error::Unsupported(format!(
+            "{} is an lz4-compressed archive, which archfs cannot read; decompress it once \
+             (`lz4 -d FILE`) or recompress it with gzip, zstd, xz or bzip2",
+            path.display()
+        )));
+    }
+    if is_tar(&source) {
+        let opts = tar_options(options, &source);
+        return Ok(crate::tar::open(
+            Arc::new(source),
+            opts,
+            options.index.as_deref(),
+            None,
+            &how,
+        )?);
+    }
+    Err(Error::Unsupported(format!(
+        "{} is neither a SquashFS image nor a tar archive; create an image with \
+         `mksquashfs DIR {}`",
+        path.display(),
+        path.display()
+    )))
+}
+
+/// Options that apply to some formats only.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Show `.tar` members of a tar archive as directories.
+    pub recursive: bool,
+    /// Where a tar archive's index is kept (default: beside it, or the cache dir).
+    pub index: Option<std::path::PathBuf>,
+    /// Decoded bytes between the entry points of a compressed tar (default
+    /// [`crate::tar::DEFAULT_SPACING`]).
+    pub spacing: Option<u64>,
+    /// Where a decoded copy of a compressed tar goes when it does not fit in memory.
+    pub stage_dir: Option<PathBuf>,
+}
+
+fn tar_options(options: &OpenOptions, source: &Source) -> crate::tar::BuildOptions {
+    crate::tar::BuildOptions {
+        recursive: options.recursive,
+        implied_uid: unsafe_uid(),
+        implied_gid: unsafe_gid(),
+        implied_mtime: source.mtime(),
+    }
+}
+
+/// Whether the first 512 decoded bytes are a tar header.
+fn decodes_to_tar(source: &Arc<Source>, codec: Codec) -> bool {
+    let mut raw = [0u8; 512];
+    let Ok(n) = crate::compressed::first_bytes(source, codec, &mut raw) else {
+        return false;
+    };
+    n == 512 && (crate::tar::header_ok(&raw) || raw.iter().all(|&b| b == 0))
+}
+
+/// A tar archive starts with a header whose checksum holds (or is empty).
+fn is_tar(source: &Source) -> bool {
+    let mut raw = [0u8; 512];
+    if source.len() < 512 || source.read_exact_at(0, &mut raw).is_err() {
+        return false;
+    }
+    let h = crate::tar::header_ok(&raw);
+    h || (raw.iter().all(|&b| b == 0) && source.len() % 512 == 0)
+}
+
+fn unsafe_uid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
+
+fn unsafe_gid() -> u32 {
+    // SAFETY: getgid has no preconditions.
+    unsafe { libc::getgid() }
+}
+
+/// Opens one archive, or the union of several (directories stand for the archives in
+/// them, in name order): for names in more than one, the archive given last wins, and
+/// directories merge.
+pub fn open_many(
+    paths: &[std::path::PathBuf],
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Archive>> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut inside: Vec<_> = std::fs::read_dir(p)
+                .map_err(|e| Error::io(format!("cannot list {}", p.display()), e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && !p.to_string_lossy().ends_with(".archfs-index"))
+                .collect();
+            inside.sort();
+            if inside.is_empty() {
+                return Err(Error::Unsupported(format!(
+                    "{} holds no archives",
+                    p.display()
+                )));
+            }
+            files.extend(inside);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    if files.len() == 1 {
+        return open_with(&files[0], cache, options);
+    }
+    // One budget for the whole union: the SquashFS members split it (tar members read
+    // through the page cache and hold no blocks).
+    let per_member = CacheConfig {
+        total_bytes: (cache.total_bytes / files.len() as u64).max(1 << 20),
+    };
+    let options = OpenOptions {
+        index: None,
+        ..options.clone()
+    };
+    let members = files
+        .iter()
+        .map(|f| open_with(f, &per_member, &options))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(Union::new(members)?))
+}
+
+/// The formats [`check_bytes`] can be asked to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    SquashFs,
+    /// Indexed with `--recursive`, so nested tars (plain and compressed) are parsed too.
+    Tar,
+    /// A compressed tar (gzip, zstd, xz, bzip2, by its magic), entry points every 64 KiB.
+    CompressedTar,
+}
+
+/// Opens `data` (held in an anonymous memory file) as `format` with a 4 MiB cache and
+/// walks it. The fuzz targets and the regression test of their findings call this.
+pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report> {
+    let file = memfd(data)?;
+    let source = Source::open(std::path::Path::new(&format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    )))?;
+    let cache = CacheConfig {
+        total_bytes: 4 << 20,
+    };
+    let opts = crate::tar::BuildOptions {
+        recursive: true,
+        implied_uid: 0,
+        implied_gid: 0,
+        implied_mtime: 0,
+    };
+    // Compressed tars (the archive, or members of a plain one) decode to at most 64 MiB.
+    let how = crate::tar::Decoding {
+        spacing: 64 << 10,
+        cache_bytes: cache.total_bytes,
+        stage_dir: None,
+        limit: 64 << 20,
+    };
+    let archive: Box<dyn Archive> = match format {
+        Format::SquashFs => Box::new(crate::squashfs::SquashFs::open(source, &cache)?),
+        Format::Tar => Box::new(crate::tar::TarArchive::build(
+            std::sync::Arc::new(source),
+            opts,
+            &how,
+            &mut |_| {},
+        )?),
+        Format::CompressedTar => {
+            let mut magic = [0u8; 4];
+            source.read_exact_at(0, &mut magic)?;
+            let codec = crate::compressed::Codec::detect(&magic)
+                .ok_or_else(|| Error::Unsupported("no compressed format's magic".into()))?;
+            Box::new(crate::tar::TarArchive::build_compressed(
+                std::sync::Arc::new(source),
+                opts,
+                codec,
+                &how,
+                &mut |_| {},
+            )?)
+        }
+    };
+    Ok(check(&*archive, limits))
+}
+
+fn memfd(data: &[u8]) -> Result<std::fs::File> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    // SAFETY: the name is a NUL-terminated literal; a new descriptor is returned or -1.
+    let fd = unsafe { libc::memfd_create(c"archfs-check".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::io("memfd_create", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd was just created and is owned by nothing else.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.write_all(data)
+        .map_err(|e| Error::io("writing the memory file", e))?;
+    Ok(file)
+}

@@ -1,0 +1,176 @@
+//! Where an archive's bytes come from, under every format. The formats read a [`Source`],
+//! a window of a [`Storage`]: today a local file ([`LocalFile`]); an object in S3 or over
+//! HTTP and a node-local staged copy are further kinds of storage behind the same seam.
+//! Imports nothing of the crate but its errors.
+
+mod buf;
+mod file;
+
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use buf::Buf;
+#[cfg(test)]
+pub use file::tests::resident;
+pub use file::{advice_piece, will_need, LocalFile};
+
+use crate::error::{Error, Result};
+
+/// What the formats need of the bytes of one archive, wherever they are kept. Reads are
+/// positional and take `&self`, so parallel readers never queue behind each other.
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// Fills `buf` from byte `pos`; [`Source`] keeps every read within [`size`](Self::size).
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()>;
+    /// Bytes in all.
+    fn size(&self) -> u64;
+    /// What names the archive in messages, and where a saved index goes beside it.
+    fn path(&self) -> &Path;
+    /// Modification time in seconds: what a tar member without one shows.
+    fn mtime(&self) -> i64;
+    /// Changes whenever the bytes may have: what ties a saved index or a cached copy to
+    /// this version of the archive (a local file's modification time in nanoseconds).
+    fn version(&self) -> i64;
+    /// Starts fetching `[at, at + len)` without waiting, so a scan that reads it soon
+    /// overlaps that I/O with its own work. Where nothing can be fetched ahead: nothing.
+    fn will_need(&self, _at: u64, _len: u64) {}
+    /// A descriptor whose byte `p` is byte `p` here, where the kernel can splice from it
+    /// (a local file); `None` where the bytes must be read into this process.
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// The same bytes through a handle of its own, so that a reader that moves through
+    /// them on its own course keeps its own read-ahead.
+    fn reopen(&self) -> std::io::Result<Arc<dyn Storage>>;
+}
+
+/// Bytes `[base, base + len)` of a [`Storage`]: a whole archive, or a member of one that
+/// is an archive itself (a compressed tar inside a tar).
+#[derive(Debug)]
+pub struct Source {
+    store: Arc<dyn Storage>,
+    base: u64,
+    len: u64,
+}
+
+impl Source {
+    /// The archive file at `path`.
+    pub fn open(path: &Path) -> Result<Source> {
+        Ok(Source::new(Arc::new(LocalFile::open(path)?)))
+    }
+
+    /// All of `store`.
+    pub fn new(store: Arc<dyn Storage>) -> Source {
+        Source {
+            base: 0,
+            len: store.size(),
+            store,
+        }
+    }
+
+    /// The same bytes through a handle of their own ([`Storage::reopen`]).
+    pub fn reopen(&self) -> Result<Source> {
+        let store = self
+            .store
+            .reopen()
+            .map_err(|e| Error::io(format!("cannot reopen {}", self.path().display()), e))?;
+        Ok(Source {
+            store,
+            base: self.base,
+            len: self.len,
+        })
+    }
+
+    /// Bytes `[at, at + len)` of this source as a source of its own, through a handle
+    /// of its own (a compressed tar inside a tar).
+    pub fn slice(&self, at: u64, len: u64) -> Result<Source> {
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::corrupt(format!(
+                "a member at {at} of {len} bytes is past the end of {}",
+                self.path().display()
+            )));
+        }
+        let mut s = self.reopen()?;
+        s.base += at;
+        s.len = len;
+        Ok(s)
+    }
+
+    /// Asks for `[at, at + len)` to be fetched ahead, without waiting
+    /// ([`Storage::will_need`]).
+    pub fn will_need(&self, at: u64, len: u64) {
+        let end = at.saturating_add(len).min(self.len);
+        self.store.will_need(self.base + at, end.saturating_sub(at));
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where this source starts in its storage (0 unless it is a [`slice`](Self::slice)).
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Modification time of the archive (seconds).
+    pub fn mtime(&self) -> i64 {
+        self.store.mtime()
+    }
+
+    /// What ties saved state to this version of the archive ([`Storage::version`]).
+    pub fn version(&self) -> i64 {
+        self.store.version()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.store.path()
+    }
+
+    /// Fills `buf` from `pos`; a range past the end of the source means the archive is
+    /// truncated or an offset in it is corrupt.
+    pub fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        let end = pos.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > self.len) {
+            return Err(Error::corrupt(format!(
+                "read of {} bytes at offset {pos} is past the end of the archive ({} bytes): truncated?",
+                buf.len(),
+                self.len
+            )));
+        }
+        self.store.read_exact_at(buf, self.base + pos).map_err(|e| {
+            Error::io(
+                format!("read at offset {pos} of {}", self.path().display()),
+                e,
+            )
+        })
+    }
+
+    /// Where `[pos, pos + len)` lies in a file the kernel can splice from, to move it
+    /// without a copy into this process (see [`crate::archive::Archive::stored_at`]);
+    /// `None` past the end or where the storage has no such file.
+    pub fn stored_at(&self, pos: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        let end = pos.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        Some((self.store.fd()?, self.base + pos))
+    }
+
+    /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.
+    pub fn read_buf(&self, pos: u64, len: usize) -> Result<Buf> {
+        let mut buf = Buf::take(len);
+        self.read_exact_at(pos, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads `len` bytes at `pos` into a new buffer.
+    pub fn read_vec(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(pos, &mut buf)?;
+        Ok(buf)
+    }
+}
