@@ -588,7 +588,7 @@ fn push_endings(who: Who) {
 
 as_root_and_as_a_user!(push_endings);
 
-/// The server lists the tree ahead in a process of its own (src/prelist.rs): `mount` with
+/// The server lists the tree ahead in a process of its own (src/warm/prelist.rs): `mount` with
 /// its stderr captured returns while it lists; `archfs unmount` while it lists returns
 /// with the server gone; SIGTERM and SIGKILL to the server while it lists, a reader
 /// holding a file open, still leave no mount and no lister, and neither does `run` with

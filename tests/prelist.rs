@@ -1,4 +1,4 @@
-//! The listing ahead (src/prelist.rs): once the mount is live a process of the server's
+//! The listing ahead (src/warm/prelist.rs): once the mount is live a process of the server's
 //! lists every directory through it, so the kernel knows every name: a stat or open of any
 //! path then needs no LOOKUP request, and listings served from the kernel's cache still
 //! show the archive's tree.

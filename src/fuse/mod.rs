@@ -50,7 +50,7 @@ pub struct ArchFs {
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
     /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
-    /// attributes (or the listing ahead, src/prelist.rs) would have saved.
+    /// attributes (or the listing ahead, src/warm/prelist.rs) would have saved.
     lookups: AtomicU64,
 }
 
@@ -134,7 +134,7 @@ impl Filesystem for ArchFs {
         // Readdirplus trades a slower listing (the kernel builds an inode for every entry
         // it lists) for no LOOKUP round trip per file later. At 1.28 M files, cold: `find`
         // 1 s -> 7 s, a stat of every file 64 s -> 9 s, a first epoch 48 s -> 31 s
-        // (docs/BENCHMARKS.md, "ImageNet scale").
+        // (docs/BENCHMARKS-HISTORY.md, "ImageNet scale").
         let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
         // The listing ahead needs the adaptive mode (see prelist::Ahead).
         let mode = match self.ahead {

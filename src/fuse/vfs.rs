@@ -16,7 +16,7 @@ use crate::warm::push::Pusher;
 #[derive(Clone)]
 pub struct Listing {
     pub entries: Arc<Vec<DirEntry>>,
-    /// Opened by the listing ahead (src/prelist.rs), whose listings carry attributes.
+    /// Opened by the listing ahead (src/warm/prelist.rs), whose listings carry attributes.
     pub by_lister: bool,
 }
 

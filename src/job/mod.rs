@@ -1,9 +1,10 @@
 //! The life of a mount in a job, top to bottom: `archfs mount` starting a background server
 //! ([`mount_in_background`]), the server itself ([`serve`]), `archfs run` ([`run`]) and
 //! `archfs unmount` ([`unmount`]), `--shared` mounts ([`mount_shared`], [`leave_shared`])
-//! and where a mount point goes when none is given; then what they share: a live
-//! [`Mount`] with its watchdog process, the signals, and the watchers of an owner or of a
-//! shared mount's users.
+//! and where a mount point goes when none is given. Beside it, what they share: a live
+//! [`Mount`] (`mount.rs`, attached by [`attach`] on a path [`mountpoint`] checked), its
+//! `watchdog.rs` process, the `signals.rs` and watchers, the [`shared`] registry. The top
+//! floor: imports the archive interface, [`crate::open`], [`crate::warm`] and [`crate::fuse`].
 //!
 //! Every way a job ends leaves no mount behind:
 //! - SIGTERM, SIGINT or SIGHUP to the server: it unmounts, lazily if files are still open;
@@ -14,32 +15,33 @@
 //!   meanwhile passes signals on to it, like an init wrapper (tini, dumb-init).
 
 pub mod attach;
+mod mount;
 pub mod mountpoint;
 pub mod shared;
+mod signals;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Config, Session, SessionACL};
-
-use crate::archive::{Ahead, Archive};
+use crate::archive::Ahead;
 use crate::cache::CacheConfig;
-use crate::fuse::{ArchFs, Readdirplus};
+use crate::fuse::Readdirplus;
 
-use crate::fuse::vfs::Vfs;
-use crate::warm::prelist::{self, Lister};
 use crate::warm::preload::{self, Trigger};
 use crate::warm::push::Pusher;
-use mountpoint::{MountId, Prepared};
+pub use mount::Mount;
 use shared::{Locked, Registry};
+use signals::{block_signals, reset_signals, watch_owner, watch_signals, watch_users};
+pub use watchdog::watchdog_main;
 
 /// What to mount and how; the command line fills it in.
 #[derive(Clone, Debug)]
@@ -461,7 +463,7 @@ fn open_and_mount(
     // A compressed archive is decoded ahead as well: in memory when it fits, or with
     // `always` into --stage-dir.
     // Files of listed directories are pushed into the page cache once reads show an
-    // epoch (src/push.rs).
+    // epoch (src/warm/push.rs).
     let push = (s.preload != Preload::Never).then(|| Arc::new(Pusher::new(archive.clone())));
     let start_push = {
         let push = push.clone();
@@ -509,387 +511,6 @@ pub enum Event {
     OwnerEnded(i32),
     /// Every user of a `--shared` mount has left; the registry's lock is held.
     Unused(Locked),
-}
-
-/// A live mount served by threads of this process, with its watchdog.
-pub struct Mount {
-    prepared: Prepared,
-    watchdog: Option<Watchdog>,
-    /// The listing ahead is wanted, and with --debug or not.
-    list_ahead: Option<bool>,
-    ahead: Arc<prelist::Ahead>,
-    lister: Option<Lister>,
-}
-
-impl Mount {
-    /// Mounts `archive` on `s.mountpoint` and starts serving it; `events` gets
-    /// `Event::Unmounted` when the filesystem is unmounted from outside.
-    pub fn new(
-        archive: Arc<dyn Archive>,
-        s: &Settings,
-        trigger: Option<Arc<Trigger>>,
-        push: Option<Arc<Pusher>>,
-        events: Sender<Event>,
-    ) -> Result<Mount, String> {
-        if !Path::new("/dev/fuse").exists() {
-            return Err(
-                "/dev/fuse is missing: this machine has no FUSE support loaded \
-                        (ask the administrator to `modprobe fuse`)"
-                    .into(),
-            );
-        }
-        if !mountpoint::is_root() && which("fusermount3").is_none() && which("fusermount").is_none()
-        {
-            return Err(
-                "fusermount3 is not installed, and ordinary users need it to mount FUSE \
-                 filesystems; install the fuse3 package"
-                    .into(),
-            );
-        }
-        let fsname = std::fs::canonicalize(&s.archives[0])
-            .unwrap_or_else(|_| s.archives[0].clone())
-            .to_string_lossy()
-            .replace([',', ' '], "_");
-        let mut config = Config::default();
-        config.n_threads = Some(s.threads.max(1));
-        config.clone_fd = true;
-        let acl = if s.allow_other {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        let list_ahead = s.prelist
-            && s.readdirplus == Readdirplus::Always
-            && prelist::fits(archive.stats().inodes, crate::memory::available());
-        let ahead = prelist::Ahead::new();
-        if let (true, Some(p)) = (list_ahead, &push) {
-            p.expect_whole_tree();
-        }
-        // A second try covers the mount point vanishing between the checks and mount(2):
-        // the server of a previous mount removing the directory it had created.
-        let mut attempt = 0;
-        let (session, prepared, mut watchdog) = loop {
-            let prepared = mountpoint::prepare(&s.mountpoint)?;
-            let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
-                .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
-            let fs = ArchFs::new(
-                Vfs::new(archive.clone(), trigger.clone()).with_push(push.clone()),
-                s.readdirplus,
-                list_ahead.then(|| ahead.clone()),
-            );
-            let session = attach::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
-                Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
-                    let _ = mountpoint::lazy_unmount(&prepared.path);
-                })
-            });
-            match session {
-                Ok(session) => break (session, prepared, watchdog),
-                Err(e) => {
-                    watchdog.disarm();
-                    if prepared.created {
-                        let _ = std::fs::remove_dir(&prepared.path);
-                    }
-                    attempt += 1;
-                    if attempt < 2 && e.kind() == std::io::ErrorKind::NotFound {
-                        continue;
-                    }
-                    return Err(explain_mount_error(&prepared.path, s.allow_other, e));
-                }
-            }
-        };
-        watchdog.arm();
-        if let Some(p) = &push {
-            match session.as_fd().try_clone_to_owned() {
-                Ok(dev) => p.set_store(Box::new(crate::fuse::store::DevStore::new(dev))),
-                Err(e) => tracing::warn!("not pushing files into the page cache: {e}"),
-            }
-        }
-        std::thread::Builder::new()
-            .name("archfs-session".into())
-            .spawn(move || {
-                if let Err(e) = session.run() {
-                    tracing::error!("FUSE session ended with an error: {e}");
-                }
-                let _ = events.send(Event::Unmounted);
-            })
-            .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
-        Ok(Mount {
-            prepared,
-            watchdog: Some(watchdog),
-            list_ahead: list_ahead.then_some(s.debug),
-            ahead,
-            lister: None,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.prepared.path
-    }
-
-    /// Starts the listing ahead ([`prelist`]) if wanted, with stderr at /dev/null when
-    /// `quiet`, else this process's. Never the terminal's or a pipe of a background
-    /// server's caller: one that captures the mount's stderr (Python's `archfs.mount`)
-    /// waits until every copy is closed.
-    pub fn start_listing(&mut self, quiet: bool) {
-        if let Some(debug) = self.list_ahead.take() {
-            self.lister = Lister::spawn(self.path(), &self.ahead, debug, quiet)
-                .inspect_err(|e| tracing::warn!("cannot start the listing process: {e}"))
-                .ok();
-        }
-    }
-
-    /// Unmounts (lazily if files are still open), stops the watchdog and removes the
-    /// mount point if it was created for this mount.
-    pub fn unmount(mut self) -> Result<(), String> {
-        // First, while the mount is served: the lister's open directories would make
-        // the unmount lazy.
-        if let Some(l) = self.lister.take() {
-            l.stop();
-        }
-        let path = self.prepared.path.clone();
-        let result = mountpoint::unmount(&path).map(drop).map_err(|e| {
-            format!(
-                "cannot unmount {}: {e}; try `fusermount3 -u -z {}`",
-                path.display(),
-                path.display()
-            )
-        });
-        self.finish();
-        result
-    }
-
-    /// The filesystem is unmounted: stop the watchdog (which detaches the mount itself if
-    /// it is somehow still there) and remove a mount point made for it.
-    fn finish(&mut self) {
-        if let Some(l) = self.lister.take() {
-            l.stop();
-        }
-        if let Some(w) = self.watchdog.take() {
-            w.disarm();
-        }
-        if self.prepared.created {
-            let _ = std::fs::remove_dir(&self.prepared.path);
-        }
-    }
-}
-
-fn explain_mount_error(path: &Path, allow_other: bool, e: std::io::Error) -> String {
-    let msg = e.to_string().trim().replace('\n', " ");
-    let hint = if allow_other && !mountpoint::is_root() {
-        " (allow_other needs `user_allow_other` in /etc/fuse.conf)"
-    } else if msg.contains("no write access") {
-        "; mount on a directory you own, e.g. /dev/shm/$USER/mnt"
-    } else if e.kind() == std::io::ErrorKind::PermissionDenied {
-        " (you may not use /dev/fuse here: check its permissions or ask the administrator)"
-    } else {
-        ""
-    };
-    format!("cannot mount on {}: {msg}{hint}", path.display())
-}
-
-fn which(prog: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(prog))
-        .find(|p| p.is_file())
-}
-
-/// A separate process that detaches the mount when the server is gone and the mount is
-/// still there: after SIGKILL, a crash or the OOM killer, or a failed unmount. It works
-/// for ordinary users, who cannot use fuse's auto_unmount without allow_other.
-///
-/// Protocol on its stdin: `m` once the mount is live (the watchdog notes which mount it
-/// is), `x` when the server is done; end of input without `x` means the server died.
-struct Watchdog {
-    stdin: ChildStdin,
-    child: Child,
-}
-
-impl Watchdog {
-    /// Started before mounting so it cannot inherit the /dev/fuse descriptor (it would
-    /// keep a dead server's connection alive).
-    fn spawn(path: &Path, remove_dir: bool) -> std::io::Result<Watchdog> {
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg("__watchdog").arg(path);
-        if remove_dir {
-            cmd.arg("--remove-dir");
-        }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: setsid is async-signal-safe; a session of its own keeps the terminal's
-        // Ctrl-C and the job's process-group signals away from the watchdog.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn()?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        Ok(Watchdog { stdin, child })
-    }
-
-    fn arm(&mut self) {
-        let _ = self.stdin.write_all(b"m");
-    }
-
-    fn disarm(mut self) {
-        let _ = self.stdin.write_all(b"x");
-        drop(self.stdin);
-        let _ = self.child.wait();
-    }
-}
-
-/// The watchdog process (`archfs __watchdog PATH`): waits for the server to finish or
-/// die, then detaches the mount it was armed with if that mount is still there.
-pub fn watchdog_main(path: &Path, remove_dir: bool) -> ExitCode {
-    // Only the server's end decides; a job's signals are for the server.
-    for s in ENDING.iter().chain(&IGNORED).chain(&[libc::SIGQUIT]) {
-        // SAFETY: ignoring a signal has no preconditions.
-        unsafe {
-            libc::signal(*s, libc::SIG_IGN);
-        }
-    }
-    let mut mount: Option<MountId> = None;
-    let mut byte = [0u8; 1];
-    let mut stdin = std::io::stdin().lock();
-    loop {
-        match stdin.read(&mut byte) {
-            Ok(1) if byte[0] == b'm' => mount = mountpoint::entry(path),
-            Ok(1) if byte[0] == b'x' => break,
-            Ok(1) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            _ => break,
-        }
-    }
-    if mount.is_some_and(|id| mountpoint::is_live(path, &id))
-        && mountpoint::lazy_unmount(path).is_ok()
-        && remove_dir
-    {
-        let _ = std::fs::remove_dir(path);
-    }
-    ExitCode::SUCCESS
-}
-
-fn sigset(signals: &[i32]) -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset initialise and fill a plain sigset_t.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &s in signals {
-            libc::sigaddset(&mut set, s);
-        }
-        set
-    }
-}
-
-/// Blocks `signals` in this thread and every thread it starts later, so only
-/// [`watch_signals`] takes them; call it before any thread exists.
-fn block_signals(signals: &[i32]) {
-    let set = sigset(signals);
-    // SAFETY: set is initialised; a null old-set pointer is allowed.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-}
-
-/// Delivers the blocked `signals` as events, with whether a process sent them.
-fn watch_signals(signals: &[i32], events: Sender<Event>) {
-    let set = sigset(signals);
-    std::thread::Builder::new()
-        .name("archfs-signals".into())
-        .spawn(move || loop {
-            // SAFETY: info is plain data the kernel fills in; set is initialised.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let signo = unsafe { libc::sigwaitinfo(&set, &mut info) };
-            if signo < 0 {
-                continue;
-            }
-            let from_process = matches!(
-                info.si_code,
-                libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL
-            );
-            let event = Event::Signal {
-                signo,
-                from_process,
-            };
-            if events.send(event).is_err() {
-                return;
-            }
-        })
-        .expect("spawn the signal thread");
-}
-
-/// Sends `Event::OwnerEnded` once process `pid` has ended: its pidfd (Linux 5.3+) turns
-/// readable, or, on older kernels, polling sees it gone or a zombie.
-fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
-    let gone = move || mountpoint::start_time(pid).is_none();
-    if gone() {
-        return Err(format!("--exit-with {pid}: there is no process {pid}"));
-    }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
-    std::thread::Builder::new()
-        .name("archfs-owner".into())
-        .spawn(move || {
-            if pidfd >= 0 {
-                let mut p = libc::pollfd {
-                    fd: pidfd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: p is one valid pollfd; -1 waits without a timeout.
-                while unsafe { libc::poll(&mut p, 1, -1) } < 0 {}
-            } else {
-                while !gone() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            let _ = events.send(Event::OwnerEnded(pid));
-        })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
-    Ok(())
-}
-
-/// Sends `Event::Unused`, with the registry locked, once no user of a `--shared` mount is
-/// left; looks every 100 ms.
-fn watch_users(registry: Registry, events: Sender<Event>) -> Result<(), String> {
-    std::thread::Builder::new()
-        .name("archfs-users".into())
-        .spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(100));
-            let Ok(lock) = registry.lock() else {
-                continue;
-            };
-            if registry.live_users(&lock) == 0 {
-                let _ = events.send(Event::Unused(lock));
-                return;
-            }
-        })
-        .map(drop)
-        .map_err(|e| format!("cannot start a thread: {e}"))
-}
-
-/// In the command's process, between fork and exec: an empty signal mask and the
-/// default action for every signal, whatever `run` blocked or inherited ignored (a
-/// shell starts background jobs with SIGINT and SIGQUIT ignored). Exec keeps both.
-fn reset_signals() {
-    // The kernel's sigaction, all zero: SIG_DFL, no flags, an empty mask. Called raw
-    // because glibc refuses the signals it reserves (32, 33), which can still arrive
-    // ignored from a parent (seen under cargo-nextest).
-    let dfl = [0u64; 4];
-    for sig in 1..=64 {
-        // SAFETY: rt_sigaction reads `dfl` (large enough for the kernel's struct, 8-byte
-        // mask) and writes nothing; it is async-signal-safe. SIGKILL and SIGSTOP refuse.
-        unsafe {
-            libc::syscall(libc::SYS_rt_sigaction, sig, dfl.as_ptr(), 0usize, 8usize);
-        }
-    }
-    let empty = sigset(&[]);
-    // SAFETY: an initialised empty set; sigprocmask is async-signal-safe.
-    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };
 }
 
 /// Tells the parent of a background server whether the mount came up.

@@ -194,7 +194,7 @@ pub fn servers_of(path: &Path) -> Vec<i32> {
 }
 
 /// The processes listing the mount on `path` (canonical) ahead (`archfs __prelist PATH`,
-/// src/prelist.rs).
+/// src/warm/prelist.rs).
 pub fn listers_of(path: &Path) -> Vec<i32> {
     helpers_of(b"__prelist", path)
 }

@@ -38,7 +38,7 @@ const IO_SIZE: u32 = 128 << 10;
 /// reading thread's buffer. The kernel's page cache of the archive is the only cache: a
 /// chunk cache of our own (until this was measured) read a whole 128 KiB chunk into a new
 /// buffer for each small read that missed, held 520 MiB in a 10,000-file epoch, and cost
-/// ~30% more server CPU (docs/BENCHMARKS.md). A compressed tar is read through its
+/// ~30% more server CPU (docs/BENCHMARKS-HISTORY.md). A compressed tar is read through its
 /// decoded view, which caches what it decodes.
 pub struct TarArchive {
     body: Body,

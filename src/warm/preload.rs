@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use crate::archive::Extent;
 
-/// Reads in flight at once. On an earlier session's virtio disk (docs/BENCHMARKS.md),
+/// Reads in flight at once. On an earlier session's virtio disk (docs/BENCHMARKS-HISTORY.md),
 /// buffered reads of a cold 1.1 GB tar ran at 390 MB/s with one reader, 870 with two, 1460
 /// with four 8 MiB readers and 1850 MB/s with four 2 MiB readers.
 const READERS: usize = 4;
@@ -232,7 +232,7 @@ impl Plan {
 
 /// Brings `[at, at + len)` of `file` into the page cache and waits for it. The kernel is
 /// asked to read the range ahead, `piece` bytes a call (no copy to this process), and the
-/// wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS.md, four
+/// wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS-HISTORY.md, four
 /// threads doing this in 2 MiB chunks cached the file in 0.79-0.84 s, four threads reading
 /// the chunks into buffers in 1.06-1.42 s (and spent a core copying). Where the advice is
 /// not known to be taken (`piece` is `None`), the chunk is read into `scratch`.

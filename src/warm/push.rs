@@ -2,14 +2,14 @@
 //! (FUSE's notify-store), so the files pushed are read with no READ request: no round
 //! trip, no wake-up of a server thread, no reply to copy. With `--preload`, once reads show
 //! an epoch. On the bench's 10,000-file tar, a cold 2-reader epoch after a listing took
-//! 0.71-0.89 s with the push against 1.14-1.36 s without (docs/BENCHMARKS.md).
+//! 0.71-0.89 s with the push against 1.14-1.36 s without (docs/BENCHMARKS-HISTORY.md).
 //!
 //! The kernel takes a push only for an inode it holds, and fuser reports a push to an
 //! unknown one as a success, so only the files of directories listed with their
 //! attributes (READDIRPLUS: the kernel made an inode for every entry) are pushed. With the
-//! listing ahead (src/prelist.rs), which lists every directory so within seconds of the
+//! listing ahead (src/warm/prelist.rs), which lists every directory so within seconds of the
 //! mount, the whole tree is pushed, each file once its directory is listed. This module
-//! sees the archive and a [`Store`] (src/fuse_store.rs writes to /dev/fuse), never fuser.
+//! sees the archive and a [`Store`] (src/fuse/store.rs writes to /dev/fuse), never fuser.
 
 use std::collections::HashSet;
 use std::os::fd::BorrowedFd;

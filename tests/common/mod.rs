@@ -323,7 +323,7 @@ pub fn small_awkward_tree(dir: &TempDir) -> PathBuf {
     src
 }
 
-/// Processes listing `mnt` ahead (src/prelist.rs).
+/// Processes listing `mnt` ahead (src/warm/prelist.rs).
 pub fn lister_pids(mnt: &Path) -> Vec<i32> {
     pids_with_args(&[b"__prelist", mnt.as_os_str().as_encoded_bytes()])
 }
