@@ -1,4 +1,5 @@
 //! The shared block cache: sharded LRU maps bounded by bytes, with single-flight loading.
+//! A leaf below the formats: imports nothing of the crate but its errors.
 //!
 //! When several readers miss the same block at once, one decompresses it and the others
 //! wait on the same slot. Blocks are handed out as `Arc`s, so eviction never frees a block

@@ -1,6 +1,7 @@
 //! Choosing an archive's format by its content, the one place that knows every format:
 //! one archive, or the union of several, opened from paths for a mount, the inspection
 //! commands and the tests; and raw bytes opened as a given format for the fuzzers.
+//! Above the formats and the archive interface, below the serving side.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! Compressed archives (gzip, zstd, xz, bzip2) as a random-access byte space, so a tar
-//! inside one is served in place like a plain tar.
+//! inside one is served in place like a plain tar. Imports [`crate::source`],
+//! [`crate::cache`] and [`crate::memory`] (and the archive interface's read types).
 //!
 //! One pass over the archive decodes it front to back for the tar scan and records entry
 //! points on the way: places a decoder can start from (a gzip deflate block boundary with

@@ -1,5 +1,6 @@
 //! A SquashFS 4.0 reader written for random access from many threads: positional reads,
-//! one shared cache of decoded blocks, no lock around the image file.
+//! one shared cache of decoded blocks, no lock around the image file. Imports the
+//! archive interface, [`crate::source`] and [`crate::cache`]; never fuser.
 //!
 //! Format reference: squashfs-tools-ng's doc/format.adoc.
 

@@ -1,5 +1,6 @@
 //! Tar archives (v7, ustar, GNU, PAX) served in place: an index of the headers, and
-//! reads at the members' offsets through the shared block cache.
+//! reads at the members' offsets through the shared block cache. Imports the archive
+//! interface, [`crate::source`], [`crate::cache`] and [`crate::compressed`]; never fuser.
 
 mod column;
 mod header;
