@@ -8,7 +8,7 @@
 //! the nearest entry point before it, into the shared block cache as fixed-size blocks,
 //! so the next reads of the same neighbourhood cost a copy. An archive whose entry points
 //! are too far apart (one zstd frame, one xz block) is decoded once, in the background,
-//! into a copy in memory or on node-local disk ([`stage`]), and served from there.
+//! into a copy in memory or on node-local disk (`stage.rs`), and served from there.
 
 mod ahead;
 mod bzip2_blocks;
@@ -77,7 +77,7 @@ impl Codec {
         }
     }
 
-    /// The codec whose [`id`](Self::id) is `id`.
+    /// The codec whose `id()` is `id`.
     pub fn from_id(id: u8) -> Option<Codec> {
         [Codec::Gzip, Codec::Zstd, Codec::Xz, Codec::Bzip2]
             .into_iter()
@@ -287,7 +287,7 @@ impl Input {
     }
 }
 
-/// The entry points of one archive; gzip windows kept sparse ([`window`]) and
+/// The entry points of one archive; gzip windows kept sparse (`window.rs`) and
 /// zstd-compressed: a window of text shrinks 3-4x compressed, one of JPEG bytes only
 /// when the bytes the stream never copies from are zeroed. With them, a CRC-32
 /// of every decoded block, taken in the indexing pass: a read that decodes from the

@@ -66,7 +66,7 @@ pub struct Meta {
     pub xattrs: u32,
 }
 
-/// The index, packed: one [`Column`] a field, at the narrowest width its values need.
+/// The index, packed: one `Column` a field, at the narrowest width its values need.
 /// A node's `size` column holds a directory's entry count and a symlink's target length;
 /// its `data` column a file's offset in units of `1 << file_shift` bytes, a directory's
 /// first entry, a symlink's target offset in `links`, or a sparse file's row in `sparse`.
