@@ -12,6 +12,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use crate::archive::{self, Kind};
 use crate::cache::CacheConfig;
 use crate::job::{self, Settings};
+use crate::open::OpenOptions;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,6 +64,9 @@ enum Cmd {
         /// As a mount with --recursive shows it.
         #[arg(long)]
         recursive: bool,
+        /// Read an s3:// archive with unsigned requests (a public bucket).
+        #[arg(long)]
+        no_sign_request: bool,
     },
     /// List a directory inside the archive without mounting it.
     Ls {
@@ -72,6 +76,9 @@ enum Cmd {
         /// As a mount with --recursive shows it.
         #[arg(long)]
         recursive: bool,
+        /// Read an s3:// archive with unsigned requests (a public bucket).
+        #[arg(long)]
+        no_sign_request: bool,
     },
     /// Write a file from the archive to standard output without mounting it.
     Cat {
@@ -80,6 +87,9 @@ enum Cmd {
         /// As a mount with --recursive shows it.
         #[arg(long)]
         recursive: bool,
+        /// Read an s3:// archive with unsigned requests (a public bucket).
+        #[arg(long)]
+        no_sign_request: bool,
     },
     /// Read every directory, inode, file, symlink and xattr; report damage (exit 1 if any).
     Check {
@@ -87,6 +97,9 @@ enum Cmd {
         /// As a mount with --recursive shows it.
         #[arg(long)]
         recursive: bool,
+        /// Read an s3:// archive with unsigned requests (a public bucket).
+        #[arg(long)]
+        no_sign_request: bool,
     },
     /// Print a shell completion script: `archfs completions bash > ~/.local/share/bash-completion/completions/archfs`.
     Completions { shell: clap_complete::Shell },
@@ -211,6 +224,11 @@ struct ServeArgs {
     /// 4 MiB), or any with `--preload=always` [default: $TMPDIR, else /tmp].
     #[arg(long, value_name = "DIR")]
     stage_dir: Option<PathBuf>,
+    /// Send unsigned requests for s3:// archives (a public bucket), as the AWS CLI's flag
+    /// of that name. Otherwise credentials, endpoint and region come from where the AWS
+    /// CLI finds them (AWS_* variables, ~/.aws/credentials, ~/.aws/config).
+    #[arg(long)]
+    no_sign_request: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -348,8 +366,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             serve,
             command,
         } => Ok(job::run(&settings(&paths, &serve)?, &command)?),
-        Cmd::Info { archive, recursive } => {
-            let a = inspect(&archive, recursive)?;
+        Cmd::Info {
+            archive,
+            recursive,
+            no_sign_request,
+        } => {
+            let a = inspect(&archive, recursive, no_sign_request)?;
             let s = a.stats();
             println!("format:     {}", a.format());
             println!("size:       {} bytes", s.bytes);
@@ -361,8 +383,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             archive,
             path,
             recursive,
+            no_sign_request,
         } => {
-            let a = inspect(&archive, recursive)?;
+            let a = inspect(&archive, recursive, no_sign_request)?;
             let attr = archive::resolve(&*a, &path)?;
             let mut out = std::io::stdout().lock();
             let entries = if attr.kind == Kind::Dir {
@@ -398,8 +421,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             archive,
             path,
             recursive,
+            no_sign_request,
         } => {
-            let a = inspect(&archive, recursive)?;
+            let a = inspect(&archive, recursive, no_sign_request)?;
             let attr = archive::resolve(&*a, &path)?;
             let mut out = std::io::stdout().lock();
             let mut off = 0;
@@ -413,8 +437,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Check { archive, recursive } => {
-            let a = inspect(&archive, recursive)?;
+        Cmd::Check {
+            archive,
+            recursive,
+            no_sign_request,
+        } => {
+            let a = inspect(&archive, recursive, no_sign_request)?;
             let r = archive::check::check(&*a, archive::check::Limits::ALL);
             let mut out = std::io::stdout().lock();
             for line in &r.damaged {
@@ -521,6 +549,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         index: serve.index.clone(),
         entry_spacing: serve.entry_spacing,
         stage_dir: serve.stage_dir.clone(),
+        no_sign_request: serve.no_sign_request,
         preload: match serve.preload {
             Preload::Auto => job::Preload::Auto,
             Preload::Always => job::Preload::Always,
@@ -541,10 +570,12 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
 fn inspect(
     path: &std::path::Path,
     recursive: bool,
+    no_sign_request: bool,
 ) -> crate::error::Result<std::sync::Arc<dyn archive::Archive>> {
-    let options = crate::open::OpenOptions {
+    let options = OpenOptions {
         recursive,
-        ..crate::open::OpenOptions::default()
+        remote: crate::source::RemoteOptions { no_sign_request },
+        ..OpenOptions::default()
     };
     crate::open::open_with(path, &CacheConfig::default(), &options)
 }

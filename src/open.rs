@@ -11,7 +11,7 @@ use crate::archive::{Archive, Union};
 use crate::cache::CacheConfig;
 use crate::compressed::Codec;
 use crate::error::{Error, Result};
-use crate::source::Source;
+use crate::source::{RemoteOptions, Source};
 
 /// Opens an archive, choosing the format by its content rather than its name.
 pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
@@ -24,7 +24,7 @@ pub fn open_with(
     cache: &CacheConfig,
     options: &OpenOptions,
 ) -> Result<Arc<dyn Archive>> {
-    let source = Source::open(path)?;
+    let source = Source::open_with(path, &options.remote)?;
     let mut magic = [0u8; 4];
     if source.len() >= 4 {
         source.read_exact_at(0, &mut magic)?;
@@ -94,6 +94,8 @@ pub struct OpenOptions {
     pub spacing: Option<u64>,
     /// Where a decoded copy of a compressed tar goes when it does not fit in memory.
     pub stage_dir: Option<PathBuf>,
+    /// How to reach archives in object storage.
+    pub remote: RemoteOptions,
 }
 
 fn tar_options(options: &OpenOptions, source: &Source) -> crate::tar::BuildOptions {

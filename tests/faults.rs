@@ -161,6 +161,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         readdirplus: archfs::fuse::Readdirplus::Always,
         entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,
+        no_sign_request: false,
         debug: false,
     };
     let mut baseline = None;

@@ -64,6 +64,8 @@ pub struct Settings {
     pub entry_spacing: u64,
     /// Where a decoded copy of a compressed tar goes when memory is short.
     pub stage_dir: Option<PathBuf>,
+    /// Unsigned requests for s3:// archives.
+    pub no_sign_request: bool,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
     /// List the whole tree through the mount once it is live ([`crate::warm::prelist`]), when
@@ -454,6 +456,9 @@ fn open_and_mount(
         index: s.index.clone(),
         spacing: Some(s.entry_spacing),
         stage_dir: s.stage_dir.clone(),
+        remote: crate::source::RemoteOptions {
+            no_sign_request: s.no_sign_request,
+        },
     };
     let archive =
         crate::open::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;

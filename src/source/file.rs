@@ -70,6 +70,10 @@ impl Storage for LocalFile {
         &self.path
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
     fn mtime(&self) -> i64 {
         self.mtime
     }

@@ -5,6 +5,7 @@
 
 mod buf;
 mod file;
+pub mod remote;
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;
@@ -14,6 +15,7 @@ pub use buf::Buf;
 #[cfg(test)]
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
+pub use remote::{is_url, RemoteObject, RemoteOptions};
 
 use crate::error::{Error, Result};
 
@@ -24,8 +26,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()>;
     /// Bytes in all.
     fn size(&self) -> u64;
-    /// What names the archive in messages, and where a saved index goes beside it.
+    /// What names the archive in messages: a path, or the URL of an object.
     fn path(&self) -> &Path;
+    /// Whether [`path`](Self::path) is a file of this machine: an index may be saved
+    /// beside it, and the preload streams it into the page cache.
+    fn is_local(&self) -> bool;
     /// Modification time in seconds: what a tar member without one shows.
     fn mtime(&self) -> i64;
     /// Changes whenever the bytes may have: what ties a saved index or a cached copy to
@@ -54,8 +59,17 @@ pub struct Source {
 }
 
 impl Source {
-    /// The archive file at `path`.
+    /// The archive at `path`: a local file, or an object if it is a URL
+    /// (`s3://BUCKET/KEY`, `https://...`).
     pub fn open(path: &Path) -> Result<Source> {
+        Source::open_with(path, &RemoteOptions::default())
+    }
+
+    /// Like [`open`](Self::open), with how to reach objects.
+    pub fn open_with(path: &Path, remote: &RemoteOptions) -> Result<Source> {
+        if let Some(object) = RemoteObject::open(path, remote) {
+            return Ok(Source::new(Arc::new(object?)));
+        }
         Ok(Source::new(Arc::new(LocalFile::open(path)?)))
     }
 
@@ -128,6 +142,11 @@ impl Source {
 
     pub fn path(&self) -> &Path {
         self.store.path()
+    }
+
+    /// Whether the archive is a file of this machine ([`Storage::is_local`]).
+    pub fn is_local(&self) -> bool {
+        self.store.is_local()
     }
 
     /// Fills `buf` from `pos`; a range past the end of the source means the archive is

@@ -220,6 +220,9 @@ impl Archive for SquashFs {
     /// Tables follow the data in every image mksquashfs writes: the inode table starts
     /// where data and fragment blocks end.
     fn extents(&self) -> Vec<Extent> {
+        if !self.source.is_local() {
+            return Vec::new();
+        }
         let path = self.source.path().to_owned();
         let split = self.sb.inode_table.min(self.sb.bytes_used);
         vec![

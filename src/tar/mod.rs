@@ -400,6 +400,9 @@ impl Archive for TarArchive {
     /// The index is in memory, so every byte of the archive is data.
     fn extents(&self) -> Vec<Extent> {
         let source = self.body.source();
+        if !source.is_local() {
+            return Vec::new();
+        }
         vec![Extent {
             path: source.path().to_owned(),
             range: 0..source.len(),
@@ -438,7 +441,7 @@ pub fn open(
     let id = persist::Identity::of(&source, opts.recursive)?;
     let path = index_path
         .map(Path::to_owned)
-        .unwrap_or_else(|| persist::default_path(source.path()));
+        .unwrap_or_else(|| persist::default_path(source.path(), source.is_local()));
     let archive_len = source.len();
     let saved = persist::load(&path, &id, |extra| {
         let (points, nested) = Under::decode(extra, codec, archive_len)?;

@@ -46,8 +46,9 @@ impl Identity {
 }
 
 /// Where the index of `archive` lives: beside it when that directory is writable,
-/// else under `$XDG_CACHE_HOME/archfs` (or `~/.cache/archfs`).
-pub fn default_path(archive: &Path) -> PathBuf {
+/// else (and for an object, named by its URL) under `$XDG_CACHE_HOME/archfs` (or
+/// `~/.cache/archfs`).
+pub fn default_path(archive: &Path, local: bool) -> PathBuf {
     let canon = std::fs::canonicalize(archive).unwrap_or_else(|_| archive.to_owned());
     let name = canon
         .file_name()
@@ -55,7 +56,7 @@ pub fn default_path(archive: &Path) -> PathBuf {
         .unwrap_or_default();
     let beside = canon.with_file_name(format!("{}.archfs-index", name.to_string_lossy()));
     let dir = canon.parent().unwrap_or(Path::new("/"));
-    if beside.exists() || writable(dir) {
+    if local && (beside.exists() || writable(dir)) {
         return beside;
     }
     let cache = std::env::var_os("XDG_CACHE_HOME")

@@ -1,0 +1,429 @@
+//! The requests archfs sends to an object store: ranged GETs, the first for size and
+//! ETag, the others read straight into the caller's buffer, on a blocking client shared by every thread,
+//! with one limit on requests in flight and retries with backoff and jitter. A request
+//! that fails past its retries is one error that says what and where, never a hang.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::{Condvar, Mutex};
+use ureq::tls::{RootCerts, TlsConfig};
+
+use super::config::Credentials;
+use super::sigv4;
+
+/// Requests in flight at once, for all objects of a mount.
+const IN_FLIGHT: usize = 32;
+/// Attempts of one request, and how long they may take together.
+const ATTEMPTS: u32 = 8;
+const BUDGET: Duration = Duration::from_secs(60);
+
+/// One object and how to reach it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The request URL.
+    pub url: String,
+    /// `host[:port]` and the percent-encoded path, as signed.
+    pub host: String,
+    pub path: String,
+    /// `s3://bucket/key` or the URL: what messages name.
+    pub name: String,
+    /// Where it is served from, for messages.
+    pub endpoint: String,
+    /// Signing keys and region; `None`: anonymous.
+    pub signer: Option<(Credentials, String)>,
+    /// Where the credentials came from, for messages (never the secret).
+    pub credentials_from: String,
+}
+
+/// What HEAD says of an object.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub size: u64,
+    pub etag: Option<String>,
+    /// Seconds since the epoch; 0 when the server sent none.
+    pub mtime: i64,
+}
+
+/// The blocking HTTP client of one mount.
+pub struct Client {
+    agent: ureq::Agent,
+    slots: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Client")
+    }
+}
+
+impl Client {
+    /// A client trusting the CA certificates in `ca_bundle`, else those of
+    /// `SSL_CERT_FILE` or the system's bundle, else Mozilla's.
+    pub fn new(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
+        let roots = match roots(ca_bundle)? {
+            Some(certs) => RootCerts::Specific(Arc::new(certs)),
+            None => RootCerts::WebPki,
+        };
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_idle_connections(IN_FLIGHT)
+            .max_idle_connections_per_host(IN_FLIGHT)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_recv_response(Some(Duration::from_secs(30)))
+            .timeout_recv_body(Some(Duration::from_secs(60)))
+            .user_agent(concat!("archfs/", env!("CARGO_PKG_VERSION")))
+            .tls_config(TlsConfig::builder().root_certs(roots).build())
+            .build()
+            .new_agent();
+        Ok(Arc::new(Client {
+            agent,
+            slots: Mutex::new(IN_FLIGHT),
+            freed: Condvar::new(),
+        }))
+    }
+
+    /// Size, ETag and modification time of the object, from a GET of its first byte
+    /// rather than a HEAD: an error comes with S3's XML body (which bucket or key is
+    /// missing), and a server that ignores ranges is found at once.
+    pub fn head(&self, t: &Target) -> Result<Meta, String> {
+        self.send(t, Some("bytes=0-0"), None, |resp| {
+            let h = resp.headers();
+            let text = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
+            if resp.status().as_u16() != 206 {
+                return Err(no_ranges(resp.status().as_u16()));
+            }
+            let size = text("content-range")
+                .and_then(|v| v.rsplit_once('/'))
+                .and_then(|(_, total)| total.trim().parse().ok())
+                .ok_or_else(|| Failure::Final("the server sent no Content-Range".into()))?;
+            Ok(Meta {
+                size,
+                etag: text("etag").map(str::to_owned),
+                mtime: text("last-modified").and_then(http_date).unwrap_or(0),
+            })
+        })
+    }
+
+    /// Fills `buf` with the object's bytes from `at`, in one ranged GET that fails unless
+    /// the object still has `etag`.
+    pub fn get(
+        &self,
+        t: &Target,
+        etag: Option<&str>,
+        at: u64,
+        buf: &mut [u8],
+    ) -> Result<(), String> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let range = format!("bytes={}-{}", at, at + buf.len() as u64 - 1);
+        self.send(t, Some(&range), etag, |resp| {
+            if resp.status().as_u16() != 206 {
+                return Err(no_ranges(resp.status().as_u16()));
+            }
+            resp.body_mut()
+                .as_reader()
+                .read_exact(buf)
+                .map_err(|e| Failure::Retry(format!("reading the response: {e}")))
+        })
+    }
+
+    /// Sends one request, retrying what may pass (transport errors, 5xx, 429, 408) with
+    /// exponential backoff and full jitter until `ATTEMPTS` or `BUDGET` run out.
+    fn send<T>(
+        &self,
+        t: &Target,
+        range: Option<&str>,
+        etag: Option<&str>,
+        mut done: impl FnMut(&mut ureq::http::Response<ureq::Body>) -> Result<T, Failure>,
+    ) -> Result<T, String> {
+        let start = Instant::now();
+        let what = match range {
+            Some(r) => format!("GET {} ({r}) from {}", t.name, t.endpoint),
+            None => format!("GET {} from {}", t.name, t.endpoint),
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = {
+                let _slot = self.slot();
+                self.once(t, range, etag)
+                    .map_err(|e| Failure::Retry(e.to_string()))
+                    .and_then(|mut resp| classify(t, &mut resp).and_then(|()| done(&mut resp)))
+            };
+            match result {
+                Ok(v) => return Ok(v),
+                Err(Failure::Final(why)) => return Err(format!("{what}: {why}")),
+                Err(Failure::Retry(why)) => {
+                    let pause = backoff(attempt);
+                    if attempt >= ATTEMPTS || start.elapsed() + pause > BUDGET {
+                        return Err(format!(
+                            "{what}: {why} (gave up after {attempt} attempts in {:.1} s)",
+                            start.elapsed().as_secs_f64()
+                        ));
+                    }
+                    tracing::debug!("{what}: {why}; retrying in {pause:?}");
+                    std::thread::sleep(pause);
+                }
+            }
+        }
+    }
+
+    fn once(
+        &self,
+        t: &Target,
+        range: Option<&str>,
+        etag: Option<&str>,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut headers: Vec<(&str, String)> = Vec::new();
+        if let Some(r) = range {
+            headers.push(("range", r.to_owned()));
+        }
+        if let Some(e) = etag {
+            headers.push(("if-match", e.to_owned()));
+        }
+        if let Some((creds, region)) = &t.signer {
+            let signed = sigv4::sign(
+                creds,
+                region,
+                "GET",
+                &t.host,
+                &t.path,
+                &[],
+                SystemTime::now(),
+            );
+            headers.extend(signed);
+        }
+        let mut req = self.agent.get(&t.url);
+        for (k, v) in &headers {
+            req = req.header(*k, v);
+        }
+        req.call()
+    }
+
+    /// Waits for a free request slot; it is given back when the guard drops.
+    fn slot(&self) -> Slot<'_> {
+        let mut free = self.slots.lock();
+        while *free == 0 {
+            self.freed.wait(&mut free);
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+struct Slot<'a>(&'a Client);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.slots.lock() += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+enum Failure {
+    /// Worth another attempt.
+    Retry(String),
+    Final(String),
+}
+
+fn no_ranges(status: u16) -> Failure {
+    Failure::Final(format!(
+        "the server answered a range request with status {status} instead of 206: it \
+         does not serve parts of objects, which archfs needs; copy the archive to a \
+         local path instead"
+    ))
+}
+
+/// An error status as a [`Failure`] that says what to do about it.
+fn classify(t: &Target, resp: &mut ureq::http::Response<ureq::Body>) -> Result<(), Failure> {
+    let status = resp.status().as_u16();
+    if (200..300).contains(&status) {
+        return Ok(());
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(64 << 10)
+        .read_to_string()
+        .unwrap_or_default();
+    let code = xml_field(&body, "Code");
+    let message = xml_field(&body, "Message");
+    let said = match (&code, &message) {
+        (Some(c), Some(m)) => format!("{status} {c}: {m}"),
+        (Some(c), None) => format!("{status} {c}"),
+        _ => format!("status {status}"),
+    };
+    if matches!(status, 408 | 429 | 500 | 502 | 503 | 504) {
+        return Err(Failure::Retry(said));
+    }
+    let creds = &t.credentials_from;
+    let hint = match (status, code.as_deref().unwrap_or("")) {
+        (403, "SignatureDoesNotMatch") => {
+            format!("the secret key does not match the access key (credentials from {creds})")
+        }
+        (403, "InvalidAccessKeyId") => format!(
+            "the access key is unknown to {} (credentials from {creds})",
+            t.endpoint
+        ),
+        (403, _) if t.signer.is_none() => {
+            "anonymous access refused: configure credentials (AWS_ACCESS_KEY_ID, \
+             AWS_PROFILE or ~/.aws/credentials)"
+                .to_owned()
+        }
+        (403, _) => format!(
+            "access denied to these credentials (from {creds}); for a public object try \
+             --no-sign-request"
+        ),
+        (404, "NoSuchBucket") => "there is no such bucket: check the name and the endpoint".into(),
+        (404, _) => "there is no such object: check the bucket and key".into(),
+        (412, _) => "the object was replaced since it was mounted (its ETag changed); \
+                     remount to read the new one"
+            .into(),
+        (301 | 307 | 400, "PermanentRedirect" | "AuthorizationHeaderMalformed") => {
+            "the bucket is in another region: set AWS_REGION".into()
+        }
+        _ => String::new(),
+    };
+    Err(Failure::Final(if hint.is_empty() {
+        said
+    } else {
+        format!("{said}; {hint}")
+    }))
+}
+
+/// The text of the first `<name>` element of an S3 error body.
+fn xml_field(body: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let start = body.find(&open)? + open.len();
+    let end = body[start..].find("</")? + start;
+    Some(body[start..end].trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+/// 50 ms doubling to at most 5 s, with full jitter: clients that failed together do
+/// not come back together.
+fn backoff(attempt: u32) -> Duration {
+    let cap = (50u64 << attempt.min(7)).min(5000);
+    let noise = {
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64);
+        let mut x = t ^ (std::process::id() as u64) << 32 ^ u64::from(attempt);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    Duration::from_millis(cap / 2 + noise % (cap / 2 + 1))
+}
+
+/// Seconds since the epoch of an HTTP date (`Wed, 25 Nov 2026 16:00:00 GMT`).
+fn http_date(s: &str) -> Option<i64> {
+    let mut f = s.split_whitespace().skip(1);
+    let day: i64 = f.next()?.parse().ok()?;
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let name = f.next()?;
+    let month = months.iter().position(|m| *m == name)? as i64 + 1;
+    let year: i64 = f.next()?.parse().ok()?;
+    let mut hms = f.next()?.split(':').map(|p| p.parse::<i64>().ok());
+    let (h, m, sec) = (hms.next()??, hms.next()??, hms.next()??);
+    // Days from 1970-01-01 to the date (the inverse of `sigv4::civil`).
+    let y = year - i64::from(month <= 2);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + m * 60 + sec)
+}
+
+/// The certificates to trust: `ca_bundle`, else `SSL_CERT_FILE`, else the system's
+/// bundle where the distribution keeps it; `None` leaves Mozilla's roots.
+fn roots(
+    ca_bundle: Option<&PathBuf>,
+) -> Result<Option<Vec<ureq::tls::Certificate<'static>>>, String> {
+    let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    let explicit = ca_bundle.cloned().or(env);
+    let path = match &explicit {
+        Some(p) => p.clone(),
+        None => match [
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/pki/tls/certs/ca-bundle.crt",
+            "/etc/ssl/ca-bundle.pem",
+            "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+    };
+    let pem = std::fs::read(&path)
+        .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
+    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        if explicit.is_some() {
+            return Err(format!(
+                "the CA bundle {} holds no certificate",
+                path.display()
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(certs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(http_date("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(
+            http_date("Wed, 25 Nov 2026 16:00:01 GMT"),
+            Some(1_795_622_401)
+        );
+        assert_eq!(
+            http_date("Thu, 29 Feb 2024 12:00:00 GMT"),
+            Some(1_709_208_000)
+        );
+        assert_eq!(http_date("garbage"), None);
+    }
+
+    #[test]
+    fn error_bodies() {
+        let body = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>\
+                    <Message>The specified key does not exist.</Message></Error>";
+        assert_eq!(xml_field(body, "Code").as_deref(), Some("NoSuchKey"));
+        assert_eq!(
+            xml_field(body, "Message").as_deref(),
+            Some("The specified key does not exist.")
+        );
+        assert_eq!(xml_field("<Error></Error>", "Code"), None);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        for a in 1..20 {
+            let d = backoff(a);
+            let cap = (50u64 << a.min(7)).min(5000);
+            assert!(d >= Duration::from_millis(cap / 2), "{a}: {d:?}");
+            assert!(d <= Duration::from_millis(cap), "{a}: {d:?}");
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Archives in object storage: a real S3 server (SeaweedFS, tests/common/s3.rs) holds
+//! archives uploaded with boto3, archfs mounts them by `s3://` URL with credentials and
+//! endpoint from the environment, and the tree is compared with the source or with what
+//! `tar -x` extracts from the same archive.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::s3::{S3Server, PUBLIC_BUCKET};
+use common::tree::CompareOpts;
+use common::*;
+
+/// `archfs mount URL MNT` with the server's environment, unmounted on drop.
+fn mount(s3: &S3Server, cache: &Path, url: &str, mnt: &Path, args: &[&str]) -> Mount {
+    std::fs::create_dir_all(mnt).unwrap();
+    let mut cmd = archfs();
+    s3.apply_env(&mut cmd)
+        .env("XDG_CACHE_HOME", cache)
+        .arg("mount")
+        .arg(url)
+        .arg(mnt)
+        .args(args);
+    run_ok(&mut cmd);
+    assert!(is_mounted(mnt), "{url}: not mounted on {mnt:?}");
+    Mount {
+        path: mnt.to_owned(),
+    }
+}
+
+/// An inspection command on a URL with the server's environment and `extra` over it.
+fn inspect(s3: &S3Server, args: &[&str], extra: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = archfs();
+    s3.apply_env(&mut cmd).args(args);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn squashfs_and_tars_from_s3_equal_their_source() {
+    let dir = TempDir::new("remote-formats");
+    let src = small_awkward_tree(&dir);
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    let cache = dir.join("cache");
+
+    let img = dir.join("img.sqfs");
+    mksquashfs(&src, &img, &["-comp", "zstd"]);
+    s3.put("data", "sets/img.sqfs", &img);
+    let m = mount(
+        &s3,
+        &cache,
+        "s3://data/sets/img.sqfs",
+        &dir.join("mnt-sqfs"),
+        &[],
+    );
+    common::suite::check_mount(&src, &m.path, &CompareOpts::default(), "SquashFS from S3");
+    drop(m);
+
+    let tar = dir.join("data.tar");
+    tar_of(&src, ".", &tar);
+    let ex = dir.join("extracted");
+    extract(&tar, &ex);
+    let gz = dir.join("data.tar.gz");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "gzip -c < {} > {}",
+        tar.display(),
+        gz.display()
+    )));
+    for (key, file) in [("data.tar", &tar), ("data.tar.gz", &gz)] {
+        s3.put("data", key, file);
+        let url = format!("s3://data/{key}");
+        for pass in ["first mount", "saved index"] {
+            let m = mount(&s3, &cache, &url, &dir.join("mnt-tar"), &[]);
+            common::suite::check_mount(
+                &ex,
+                &m.path,
+                &CompareOpts::default(),
+                &format!("{url}, {pass}"),
+            );
+        }
+        // The index of an object is kept in the cache directory, never beside it.
+        let saved: Vec<PathBuf> = std::fs::read_dir(cache.join("archfs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(
+            saved.iter().any(|p| p.to_string_lossy().contains(key)),
+            "{url}: no index saved in {saved:?}"
+        );
+    }
+
+    // The inspection commands take URLs too.
+    let out = inspect(
+        &s3,
+        &["cat", "s3://data/sets/img.sqfs", "files/rand_3145728"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        out.stdout,
+        std::fs::read(src.join("files/rand_3145728")).unwrap()
+    );
+    let out = inspect(&s3, &["check", "s3://data/data.tar.gz"], &[]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+#[test]
+fn errors_name_the_object_and_what_to_do() {
+    let dir = TempDir::new("remote-errors");
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put_bytes("data", "x.tar", &[0u8; 10240]);
+    let fails = |args: &[&str], extra: &[(&str, &str)], wants: &[&str]| {
+        let out = inspect(&s3, args, extra);
+        let err = stderr_of(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one line, got {err}"
+        );
+        for w in wants {
+            assert!(err.contains(w), "{args:?}: {err:?} lacks {w:?}");
+        }
+        assert!(
+            !err.contains(common::s3::SECRET_KEY),
+            "{args:?} shows the secret: {err}"
+        );
+        err
+    };
+    fails(
+        &["info", "s3://data/absent.sqfs"],
+        &[],
+        &["s3://data/absent.sqfs", "no such object"],
+    );
+    fails(
+        &["info", "s3://nobucket/x.tar"],
+        &[],
+        &["s3://nobucket/x.tar", "no such bucket"],
+    );
+    fails(
+        &["info", "s3://data/x.tar"],
+        &[(
+            "AWS_SECRET_ACCESS_KEY",
+            "wrong/secret+0123456789abcdefghijklmnop",
+        )],
+        &["secret key does not match", "environment"],
+    );
+    fails(
+        &["info", "s3://data/x.tar"],
+        &[("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN000000000")],
+        &["access key is unknown", &s3.endpoint()],
+    );
+    fails(&["info", "s3://data/"], &[], &["names no object"]);
+    // Nothing listens there: the retries end, with the endpoint named.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let endpoint = format!("http://127.0.0.1:{closed}");
+    fails(
+        &["info", "s3://data/x.tar"],
+        &[("AWS_ENDPOINT_URL", &endpoint)],
+        &[&endpoint, "gave up after"],
+    );
+    drop(dir);
+}
+
+#[test]
+fn a_public_bucket_reads_without_credentials() {
+    let dir = TempDir::new("remote-public");
+    let src = small_awkward_tree(&dir);
+    let tar = dir.join("p.tar");
+    tar_of(&src, ".", &tar);
+    let s3 = S3Server::start();
+    s3.create_bucket(PUBLIC_BUCKET);
+    s3.put(PUBLIC_BUCKET, "p.tar", &tar);
+    let url = format!("s3://{PUBLIC_BUCKET}/p.tar");
+    let none = [("AWS_ACCESS_KEY_ID", ""), ("AWS_SECRET_ACCESS_KEY", "")];
+    let out = inspect(
+        &s3,
+        &["cat", &url, "files/rand_262145", "--no-sign-request"],
+        &none,
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        out.stdout,
+        std::fs::read(src.join("files/rand_262145")).unwrap()
+    );
+    // The same object over plain HTTP, path-style, without any AWS configuration.
+    let http = format!("{}/{PUBLIC_BUCKET}/p.tar", s3.endpoint());
+    let out = Command::new(archfs_bin())
+        .args(["cat", &http, "files/rand_262145"])
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        out.stdout,
+        std::fs::read(src.join("files/rand_262145")).unwrap()
+    );
+}
+
+#[test]
+fn an_object_replaced_under_a_mount_gives_eio_never_new_bytes() {
+    let dir = TempDir::new("remote-replaced");
+    let old = dir.join("old");
+    let new = dir.join("new");
+    for (root, seed) in [(&old, 1u64), (&new, 2)] {
+        std::fs::create_dir_all(root).unwrap();
+        let mut bytes = xorshift_bytes(seed);
+        // Members of 5 MiB: the index scan jumps from header to header and fetches
+        // little of their data, so most of it is read only after the object changed.
+        for i in 0..8 {
+            std::fs::write(root.join(format!("f{i}")), bytes(5 << 20)).unwrap();
+        }
+    }
+    let (old_tar, new_tar) = (dir.join("old.tar"), dir.join("new.tar"));
+    tar_of(&old, ".", &old_tar);
+    tar_of(&new, ".", &new_tar);
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "d.tar", &old_tar);
+    let m = mount(
+        &s3,
+        &dir.join("cache"),
+        "s3://data/d.tar",
+        &dir.join("mnt"),
+        &["--preload=never"],
+    );
+    assert_eq!(
+        std::fs::read(m.path.join("f0")).unwrap(),
+        std::fs::read(old.join("f0")).unwrap()
+    );
+    s3.put("data", "d.tar", &new_tar);
+    // Same layout, other bytes: every read not yet served fails rather than mixing.
+    let f = std::fs::File::open(m.path.join("f5")).unwrap();
+    let mut buf = vec![0u8; 200 << 10];
+    let err = f.read_exact_at(&mut buf, 2 << 20).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+}
