@@ -574,7 +574,10 @@ fn inspect(
 ) -> crate::error::Result<std::sync::Arc<dyn archive::Archive>> {
     let options = OpenOptions {
         recursive,
-        remote: crate::source::RemoteOptions { no_sign_request },
+        remote: crate::source::RemoteOptions {
+            no_sign_request,
+            ..Default::default()
+        },
         ..OpenOptions::default()
     };
     crate::open::open_with(path, &CacheConfig::default(), &options)

@@ -245,3 +245,50 @@ fn an_object_replaced_under_a_mount_gives_eio_never_new_bytes() {
     let err = f.read_exact_at(&mut buf, 2 << 20).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
 }
+
+#[test]
+fn the_node_local_copy_serves_every_read_once_made() {
+    let dir = TempDir::new("remote-stage");
+    let src = small_awkward_tree(&dir);
+    let tar = dir.join("s.tar");
+    tar_of(&src, ".", &tar);
+    let ex = dir.join("extracted");
+    extract(&tar, &ex);
+    let img = dir.join("s.sqfs");
+    mksquashfs(&src, &img, &[]);
+    let mut s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "s.tar", &tar);
+    s3.put("data", "s.sqfs", &img);
+    let cache = dir.join("cache");
+    let mut mounts = Vec::new();
+    for (key, reference) in [("s.tar", &ex), ("s.sqfs", &src)] {
+        let log = dir.join(format!("{key}.log"));
+        let mnt = dir.join(format!("mnt-{key}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", &cache)
+            .env("ARCHFS_LOG", "info")
+            .args(["mount", &format!("s3://data/{key}")])
+            .arg(&mnt)
+            .arg("--log")
+            .arg(&log);
+        run_ok(&mut cmd);
+        let m = Mount { path: mnt };
+        let copied = wait_for(120, || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("copied to this node"))
+        });
+        assert!(
+            copied,
+            "{key}: no copy within 120 s: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        mounts.push((m, reference.clone(), key));
+    }
+    // With the server gone, every byte comes from the copies.
+    s3.stop();
+    for (m, reference, key) in &mounts {
+        common::suite::check_mount(reference, &m.path, &CompareOpts::default(), key);
+    }
+}

@@ -458,6 +458,8 @@ fn open_and_mount(
         stage_dir: s.stage_dir.clone(),
         remote: crate::source::RemoteOptions {
             no_sign_request: s.no_sign_request,
+            stage: s.preload != Preload::Never,
+            stage_dir: s.stage_dir.clone(),
         },
     };
     let archive =

@@ -90,7 +90,7 @@ impl Storage for LocalFile {
         will_need(&self.file, at, len, piece);
     }
 
-    fn fd(&self) -> Option<BorrowedFd<'_>> {
+    fn fd(&self, _at: u64, _len: u64) -> Option<BorrowedFd<'_>> {
         Some(self.file.as_fd())
     }
 

@@ -39,9 +39,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Starts fetching `[at, at + len)` without waiting, so a scan that reads it soon
     /// overlaps that I/O with its own work. Where nothing can be fetched ahead: nothing.
     fn will_need(&self, _at: u64, _len: u64) {}
-    /// A descriptor whose byte `p` is byte `p` here, where the kernel can splice from it
-    /// (a local file); `None` where the bytes must be read into this process.
-    fn fd(&self) -> Option<BorrowedFd<'_>> {
+    /// A descriptor whose byte `p` is byte `p` here, for `[at, at + len)`, where the
+    /// kernel can splice from it (a local file, a staged copy); `None` where those bytes
+    /// must be read into this process.
+    fn fd(&self, _at: u64, _len: u64) -> Option<BorrowedFd<'_>> {
         None
     }
     /// The same bytes through a handle of its own, so that a reader that moves through
@@ -176,7 +177,7 @@ impl Source {
         if end > self.len {
             return None;
         }
-        Some((self.store.fd()?, self.base + pos))
+        Some((self.store.fd(self.base + pos, len)?, self.base + pos))
     }
 
     /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.

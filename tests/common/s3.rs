@@ -28,10 +28,12 @@
 //!   GET; with the object's ETag: 200/206. `If-None-Match` with the object's ETag: 304.
 //! - Path-style addressing (`http://127.0.0.1:PORT/BUCKET/KEY`); bucket names follow S3's
 //!   rules (3 to 63 characters, else 400 `InvalidBucketName`).
-//! - Objects survive `restart` (a SIGTERM, and a SIGKILL too: checked by hand). Right
-//!   after a restart the gateway answers before the volume server has reported its
-//!   volumes to the master; a GET then fails with 500 `InternalError` ("volume N not
-//!   found") for up to ~8 s, so the harness waits for the master to know every volume.
+//! - Objects survive `restart`, whether weed ended on SIGTERM or SIGKILL. Right after a
+//!   start the gateway answers before the volume server has reported its volumes to the
+//!   master; a GET then fails with 500 `InternalError` ("volume N not found") for up to
+//!   ~8 s, so `start` and `restart` return only once the master knows every volume. With
+//!   the master's resumed state (mini's default, turned off here) PUTs also stalled for
+//!   15 s after a restart ("master is warming up").
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
@@ -57,8 +59,12 @@ pub const REGION: &str = "us-east-1";
 
 /// How long a start may take until the endpoint serves: ~1.5 s on an idle machine.
 const READY_SECS: u64 = 60;
-/// How long `stop` waits after SIGTERM before SIGKILL (weed mini took 2-4 s to stop).
+/// How long `stop` waits after SIGTERM before SIGKILL. weed mini takes ~1 s to stop,
+/// but its volume server's graceful HTTP shutdown hangs now and then (> 20 s seen): a
+/// SIGKILL is safe for the data (the objects survive it) and ends that.
 const TERM_GRACE: Duration = Duration::from_secs(5);
+/// What `weed mini` prints once all its components run.
+const STARTED: &str = "All enabled components are running";
 
 /// The identities: `actions` are SeaweedFS's (`Read`, `List`, `Write`, `Tagging`,
 /// `Admin`, optionally `:BUCKET`); an identity named `anonymous` serves unsigned requests.
@@ -128,8 +134,8 @@ impl Ports {
     /// takes one while the server is down for a restart (the range is where bind(:0)
     /// would pick them). Each is held while the others are found, so they differ; a
     /// server of a test running in parallel can still take one before weed binds it,
-    /// which `start` sees (weed exits at once) and retries. The admin port is one whose
-    /// + 10000 (where weed's maintenance worker dials, see `weed_args`) lies above the
+    /// which `start` sees (weed exits at once) and retries. The admin port is one
+    /// plus 10000 (where weed's maintenance worker dials, see `weed_args`) lies above the
     /// range, where no server of the harness listens.
     fn pick() -> Ports {
         let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -460,10 +466,17 @@ impl S3Server {
             "-ip=127.0.0.1".to_owned(),
             "-ip.bind=127.0.0.1".to_owned(),
             "-master.telemetry=false".to_owned(),
+            // mini resumes the master's raft state by default, and a master that resumes
+            // a state with volumes refuses to assign (writes) while "warming up", 15 s
+            // after each restart; without it, it learns all from the volume server's
+            // heartbeat, which `launch` waits for.
+            "-master.resumeState=false".to_owned(),
             format!("-master.port={}", p.master),
             format!("-master.port.grpc={}", p.master_grpc),
             format!("-volume.port={}", p.volume),
             format!("-volume.port.grpc={}", p.volume_grpc),
+            // No wait between leaving the cluster and stopping: no one to warn.
+            "-volume.preStopSeconds=0".to_owned(),
             format!("-filer.port={}", p.filer),
             format!("-filer.port.grpc={}", p.filer_grpc),
             format!("-filer.localSocket={}", d("filer.sock")),
@@ -481,8 +494,9 @@ impl S3Server {
         .into()
     }
 
-    /// Starts weed and waits until it serves: a signed request succeeds and the master
-    /// knows the volume server and every volume in the data directory.
+    /// Starts weed and waits until it serves: a signed request succeeds, the master
+    /// knows the volume server and every volume in the data directory, and mini says all
+    /// its components run.
     fn launch(&mut self) -> Result<(), String> {
         assert!(self.child.is_none());
         let mut log = std::fs::OpenOptions::new()
@@ -522,21 +536,32 @@ impl S3Server {
             .stderr(Stdio::piped());
         let mut waiter = waiter.spawn().unwrap();
         let deadline = t0 + Duration::from_secs(READY_SECS + 30);
+        let mut serving = false;
         let result = loop {
-            if let Some(status) = waiter.try_wait().unwrap() {
-                let mut err = String::new();
-                let _ = waiter.stderr.take().unwrap().read_to_string(&mut err);
-                break if status.success() {
-                    Ok(())
-                } else {
-                    Err(format!("not serving after {READY_SECS} s: {}", err.trim()))
-                };
+            if !serving {
+                if let Some(status) = waiter.try_wait().unwrap() {
+                    let mut err = String::new();
+                    let _ = waiter.stderr.take().unwrap().read_to_string(&mut err);
+                    if !status.success() {
+                        break Err(format!("not serving after {READY_SECS} s: {}", err.trim()));
+                    }
+                    serving = true;
+                }
+            }
+            // mini prints this once its admin server and maintenance worker run too, after
+            // the gateway serves: a SIGTERM before then hangs weed's shutdown.
+            if serving && self.log_since_launch().contains(STARTED) {
+                break Ok(());
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 break Err(format!("weed exited ({status}) before serving"));
             }
             if Instant::now() > deadline {
-                break Err("the readiness check hung".to_owned());
+                break Err(if serving {
+                    format!("weed serves but never printed {STARTED:?}")
+                } else {
+                    "the readiness check hung".to_owned()
+                });
             }
             std::thread::sleep(Duration::from_millis(20));
         };

@@ -4,14 +4,17 @@
 //! bytes). A read fetches what it needs: a large one (a file's blocks, a tar member)
 //! exactly its span, a small one (headers, metadata blocks) the 128 KiB chunk around it,
 //! kept in a small cache; a scan's read-ahead advice fetches its chunks in the
-//! background, in GETs of a few MiB.
+//! background, in GETs of a few MiB. A mount also copies the whole object to the node
+//! ([`stage`]), and what is copied is read as a local file is.
 
 mod config;
 mod http;
 mod sigv4;
+mod stage;
 mod url;
 
 use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -39,6 +42,10 @@ const AHEAD_THREADS: usize = 4;
 pub struct RemoteOptions {
     /// Send S3 requests unsigned (a public bucket), as the AWS CLI's flag of that name.
     pub no_sign_request: bool,
+    /// Copy the whole object to the node in the background (a mount; not `archfs cat`).
+    pub stage: bool,
+    /// Where the copy goes when it does not fit in memory.
+    pub stage_dir: Option<PathBuf>,
 }
 
 /// An object in S3 or at an HTTP(S) URL.
@@ -56,6 +63,7 @@ struct Inner {
     etag: Option<String>,
     mtime: i64,
     chunks: BlockCache<Vec<u8>>,
+    stage: Option<Arc<stage::Stage>>,
 }
 
 impl RemoteObject {
@@ -80,8 +88,18 @@ impl RemoteObject {
             meta.etag.as_deref().unwrap_or("none"),
             target.endpoint
         );
+        let stage = options.stage.then(|| {
+            stage::Stage::start(
+                client.clone(),
+                target.clone(),
+                meta.etag.clone(),
+                meta.size,
+                options.stage_dir.as_deref(),
+            )
+        });
         Ok(RemoteObject {
             inner: Arc::new(Inner {
+                stage: stage.flatten(),
                 client,
                 name: PathBuf::from(location.name()),
                 target,
@@ -129,7 +147,12 @@ fn target(
                 .clone()
                 .unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", cfg.region));
             let key = url::encode_key(key);
-            let url = if cfg.path_style {
+            // A bucket name with dots or capitals cannot be a host name (the TLS
+            // certificate would not match): botocore puts it in the path.
+            let dns_safe = bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            let url = if cfg.path_style || !dns_safe {
                 format!("{endpoint}/{bucket}/{key}")
             } else {
                 let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
@@ -204,6 +227,11 @@ impl Inner {
 impl Storage for RemoteObject {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
         let inner = &self.inner;
+        if let Some(stage) = &inner.stage {
+            if let stage::Found::Read = stage.read(pos, buf)? {
+                return Ok(());
+            }
+        }
         if buf.len() > SMALL {
             return inner.get(pos, buf);
         }
@@ -244,7 +272,13 @@ impl Storage for RemoteObject {
     }
 
     fn will_need(&self, at: u64, len: u64) {
-        ahead().push(self.inner.clone(), at, len);
+        if !self.inner.stage.as_ref().is_some_and(|s| s.copying()) {
+            ahead().push(self.inner.clone(), at, len);
+        }
+    }
+
+    fn fd(&self, at: u64, len: u64) -> Option<BorrowedFd<'_>> {
+        self.inner.stage.as_ref()?.fd(at, len)
     }
 
     fn reopen(&self) -> std::io::Result<Arc<dyn Storage>> {

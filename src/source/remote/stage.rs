@@ -1,0 +1,225 @@
+//! The stage-in: from mount, a copy of the whole object made in the background, in
+//! parallel ranged GETs of a few MiB, into node-local memory (a memfd) when it fits the
+//! preload's budget, else into an unlinked file in `--stage-dir`. Reads of staged bytes
+//! are local reads, and the push splices them into the kernel as from a local archive; a
+//! read of bytes in flight waits for them, a read ahead of the copy fetches its own span
+//! at once. The copy has no name: it goes with the process, however that ends.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::http::{Client, Target};
+
+/// One GET of the copy.
+const PIECE: u64 = 4 << 20;
+/// GETs of the copy in flight at once.
+const WORKERS: usize = 8;
+
+/// A copy of an object being made, or made.
+#[derive(Debug)]
+pub struct Stage {
+    file: File,
+    size: u64,
+    done: Box<[AtomicBool]>,
+    /// The next piece a worker takes; pieces before it are in flight or done.
+    next: AtomicU64,
+    left: AtomicU64,
+    failed: AtomicBool,
+    lock: Mutex<()>,
+    arrived: Condvar,
+}
+
+/// What a read found in the copy.
+pub enum Found {
+    /// The bytes were staged and are in the buffer.
+    Read,
+    /// Not staged, and not on their way: the reader fetches them itself.
+    Fetch,
+}
+
+impl Stage {
+    /// Starts copying `target` (`size` bytes, `etag`) into memory or `dir`; `None` with a
+    /// warning when neither has room.
+    pub fn start(
+        client: Arc<Client>,
+        target: Target,
+        etag: Option<String>,
+        size: u64,
+        dir: Option<&Path>,
+    ) -> Option<Arc<Stage>> {
+        if size == 0 {
+            return None;
+        }
+        let file = match place(size, dir) {
+            Ok(f) => f,
+            Err(why) => {
+                tracing::warn!(
+                    "{}: not copied to this node ({why}); reads fetch what they need",
+                    target.name
+                );
+                return None;
+            }
+        };
+        let pieces = size.div_ceil(PIECE);
+        let stage = Arc::new(Stage {
+            file,
+            size,
+            done: (0..pieces).map(|_| AtomicBool::new(false)).collect(),
+            next: AtomicU64::new(0),
+            left: AtomicU64::new(pieces),
+            failed: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            arrived: Condvar::new(),
+        });
+        let start = Instant::now();
+        let target = Arc::new(target);
+        for i in 0..WORKERS.min(pieces as usize) {
+            let (s, client, target, etag) =
+                (stage.clone(), client.clone(), target.clone(), etag.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("archfs-stage-{i}"))
+                .spawn(move || s.work(&client, &target, etag.as_deref(), start));
+            if spawned.is_err() {
+                stage.fail();
+            }
+        }
+        Some(stage)
+    }
+
+    fn work(&self, client: &Client, target: &Target, etag: Option<&str>, start: Instant) {
+        let mut buf = Vec::new();
+        loop {
+            let p = self.next.fetch_add(1, Ordering::Relaxed);
+            if p as usize >= self.done.len() || self.failed.load(Ordering::Relaxed) {
+                return;
+            }
+            let at = p * PIECE;
+            buf.resize(PIECE.min(self.size - at) as usize, 0);
+            let fetched = client.get(target, etag, at, &mut buf).and_then(|()| {
+                self.file
+                    .write_all_at(&buf, at)
+                    .map_err(|e| format!("writing the node-local copy: {e}"))
+            });
+            if let Err(e) = fetched {
+                tracing::warn!("{}: the copy to this node stopped: {e}", target.name);
+                self.fail();
+                return;
+            }
+            self.done[p as usize].store(true, Ordering::Release);
+            let left = self.left.fetch_sub(1, Ordering::AcqRel) - 1;
+            {
+                let _g = self.lock.lock();
+                self.arrived.notify_all();
+            }
+            if left == 0 {
+                let secs = start.elapsed().as_secs_f64();
+                tracing::info!(
+                    "{}: copied to this node, {:.1} MB in {secs:.1} s ({:.0} MB/s)",
+                    target.name,
+                    self.size as f64 / 1e6,
+                    self.size as f64 / 1e6 / secs.max(1e-3)
+                );
+            }
+        }
+    }
+
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+        let _g = self.lock.lock();
+        self.arrived.notify_all();
+    }
+
+    /// Fills `buf` from `pos` out of the copy, waiting for pieces in flight.
+    pub fn read(&self, pos: u64, buf: &mut [u8]) -> std::io::Result<Found> {
+        if buf.is_empty() {
+            return Ok(Found::Fetch);
+        }
+        let (first, last) = (pos / PIECE, (pos + buf.len() as u64 - 1) / PIECE);
+        let staged = |p: u64| self.done[p as usize].load(Ordering::Acquire);
+        if !(first..=last).all(staged) {
+            // Wait only for pieces a worker has taken; the rest may be far off.
+            if (first..=last).any(|p| !staged(p) && p >= self.next.load(Ordering::Relaxed)) {
+                return Ok(Found::Fetch);
+            }
+            let mut g = self.lock.lock();
+            while !(first..=last).all(staged) {
+                if self.failed.load(Ordering::Relaxed) {
+                    return Ok(Found::Fetch);
+                }
+                self.arrived.wait(&mut g);
+            }
+        }
+        self.file.read_exact_at(buf, pos)?;
+        Ok(Found::Read)
+    }
+
+    /// The copy's descriptor when `[pos, pos + len)` is in it, to splice from.
+    pub fn fd(&self, pos: u64, len: u64) -> Option<BorrowedFd<'_>> {
+        if len == 0 || pos + len > self.size {
+            return None;
+        }
+        let (first, last) = (pos / PIECE, (pos + len - 1) / PIECE);
+        (first..=last)
+            .all(|p| self.done[p as usize].load(Ordering::Acquire))
+            .then(|| self.file.as_fd())
+    }
+
+    /// Whether the copy is still being made (read-ahead advice is then not needed).
+    pub fn copying(&self) -> bool {
+        self.left.load(Ordering::Relaxed) > 0 && !self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// A nameless file for the copy: a memfd when it fits in 75% of the memory the job may
+/// fill (the preload's rule), else an unlinked file in `dir` (or `$TMPDIR`, `/tmp`) with
+/// room for it.
+fn place(size: u64, dir: Option<&Path>) -> Result<File, String> {
+    let fits = crate::memory::available().is_none_or(|free| (size as f64) < free as f64 * 0.75);
+    if fits {
+        // SAFETY: a NUL-terminated literal name; a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(c"archfs-stage".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd >= 0 {
+            // SAFETY: fd was just created and is owned by nothing else.
+            return Ok(unsafe { File::from_raw_fd(fd) });
+        }
+    }
+    let dir = dir
+        .map(Path::to_owned)
+        .or_else(|| std::env::var_os("TMPDIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let free = free_bytes(&dir).ok_or_else(|| format!("cannot use {}", dir.display()))?;
+    if free < size.saturating_add(1 << 30) {
+        return Err(format!(
+            "{:.1} GB does not fit in memory nor in {} ({:.1} GB free); give --stage-dir a \
+             node-local disk with room",
+            size as f64 / 1e9,
+            dir.display(),
+            free as f64 / 1e9
+        ));
+    }
+    let path = dir.join(format!(".archfs-stage-{}-{}", std::process::id(), size));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&path);
+    Ok(file)
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes one struct, zero-initialised here, for a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
