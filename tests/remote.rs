@@ -292,3 +292,102 @@ fn the_node_local_copy_serves_every_read_once_made() {
         common::suite::check_mount(reference, &m.path, &CompareOpts::default(), key);
     }
 }
+
+/// A job as users run it: `archfs run s3://... -- python3 train.py`, as root and as an
+/// ordinary user; the object store restarts mid-epoch and the epoch goes on; when the
+/// command ends the mount and the server are gone.
+#[test]
+fn a_python_job_reads_through_a_server_restart_as_root_and_as_a_user() {
+    use common::user::{Stage, Who, PYTHON};
+    for who in [Who::Root, Who::user()] {
+        let stage = Stage::new(&format!("remote-job-{}", who.name()), who);
+        let reference = stage.dir.join("ref");
+        std::fs::create_dir(&reference).unwrap();
+        let mut bytes = xorshift_bytes(7);
+        for i in 0..40 {
+            std::fs::write(
+                reference.join(format!("f{i:02}")),
+                bytes(150 << 10 | i * 999),
+            )
+            .unwrap();
+        }
+        let tar = stage.dir.join("job.tar");
+        tar_of(&reference, ".", &tar);
+        run_ok(
+            Command::new("chmod")
+                .args(["-R", "a+rX"])
+                .arg(stage.dir.path()),
+        );
+        let mut s3 = S3Server::start();
+        s3.create_bucket("data");
+        s3.put("data", "job.tar", &tar);
+        // Reads half the files, says so, waits for the go, reads the rest; every byte
+        // is compared with the reference.
+        let script = r#"
+import os, sys, time
+mnt, ref, work = sys.argv[1:4]
+names = sorted(os.listdir(ref))
+def check(n):
+    with open(os.path.join(mnt, n), 'rb') as a, open(os.path.join(ref, n), 'rb') as b:
+        assert a.read() == b.read(), n
+for n in names[:20]:
+    check(n)
+open(os.path.join(work, 'half'), 'w').close()
+while not os.path.exists(os.path.join(work, 'go')):
+    time.sleep(0.05)
+for n in names[20:]:
+    check(n)
+print('read', len(names))
+"#;
+        let mnt = stage.work.join("mnt");
+        let mut cmd = stage.archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", &stage.work)
+            .env("ARCHFS_LOG", "warn,archfs::source::remote::http=debug")
+            .args(["run", "s3://data/job.tar"])
+            .arg(&mnt)
+            .args(["--preload=never", "--", PYTHON, "-c", script])
+            .arg(&mnt)
+            .arg(&reference)
+            .arg(&stage.work)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        let half = stage.work.join("half");
+        assert!(
+            wait_for(120, || half.exists()),
+            "{}: no half epoch",
+            who.name()
+        );
+        // The rest of the epoch starts while the server is going down: its reads are
+        // refused until it is back, and retried.
+        let go = stage.work.join("go");
+        let later = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            std::fs::write(go, b"").unwrap();
+        });
+        s3.restart();
+        later.join().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}\n{}",
+            who.name(),
+            String::from_utf8_lossy(&out.stdout),
+            stderr_of(&out)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "read 40");
+        eprintln!(
+            "{}: {} retries",
+            who.name(),
+            stderr_of(&out).matches("retrying").count()
+        );
+        assert!(!is_mounted(&mnt), "{}: still mounted", who.name());
+        let mnt_arg = mnt.as_os_str().as_encoded_bytes();
+        assert!(
+            wait_for(30, || pids_with_args(&[mnt_arg]).is_empty()),
+            "{}: processes of the mount left",
+            who.name()
+        );
+    }
+}

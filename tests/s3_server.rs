@@ -60,6 +60,11 @@ fn a_server_stores_serves_ranges_survives_a_restart_and_stops_entirely() {
         &data[1000..2000]
     );
     assert_eq!(s3.get("smoke", "dir/data.bin"), data);
+    // Writes work at once too (a master resuming its state refused them for 15 s).
+    let t = Instant::now();
+    s3.put_bytes("smoke", "after-restart", b"new");
+    eprintln!("a PUT after the restart took {:?}", t.elapsed());
+    assert_eq!(s3.get("smoke", "after-restart"), b"new");
 
     s3.delete("smoke", "dir/data.bin");
     let r = s3.send("HEAD", "/smoke/dir/data.bin", &[], Signer::Server);
