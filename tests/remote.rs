@@ -307,7 +307,7 @@ fn a_python_job_reads_through_a_server_restart_as_root_and_as_a_user() {
         for i in 0..40 {
             std::fs::write(
                 reference.join(format!("f{i:02}")),
-                bytes(150 << 10 | i * 999),
+                bytes((150 << 10) + i * 999),
             )
             .unwrap();
         }
