@@ -193,7 +193,9 @@ impl Inner {
             .get_or_load(index, || {
                 let at = index * CHUNK;
                 let mut v = vec![0u8; CHUNK.min(self.size - at) as usize];
-                self.get(at, &mut v).map_err(|e| Error::io("", e))?;
+                // The message already names the request; the kind is the caller's (EIO).
+                self.get(at, &mut v)
+                    .map_err(|e| Error::Unsupported(e.to_string()))?;
                 Ok(v)
             })
             .map_err(|e| std::io::Error::other(e.to_string()))

@@ -5,12 +5,13 @@
 //! read of bytes in flight waits for them, a read ahead of the copy fetches its own span
 //! at once. The copy has no name: it goes with the process, however that ends.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -19,7 +20,7 @@ use super::http::{Client, Target};
 
 /// One GET of the copy.
 const PIECE: u64 = 4 << 20;
-/// GETs of the copy in flight at once.
+/// GETs of the copies in flight at once, for all objects of the process.
 const WORKERS: usize = 8;
 
 /// A copy of an object being made, or made.
@@ -78,56 +79,49 @@ impl Stage {
             lock: Mutex::new(()),
             arrived: Condvar::new(),
         });
-        let start = Instant::now();
-        let target = Arc::new(target);
-        for i in 0..WORKERS.min(pieces as usize) {
-            let (s, client, target, etag) =
-                (stage.clone(), client.clone(), target.clone(), etag.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("archfs-stage-{i}"))
-                .spawn(move || s.work(&client, &target, etag.as_deref(), start));
-            if spawned.is_err() {
-                stage.fail();
-            }
-        }
+        pool().add(Job {
+            stage: stage.clone(),
+            client,
+            target,
+            etag,
+            start: Instant::now(),
+        });
         Some(stage)
     }
 
-    fn work(&self, client: &Client, target: &Target, etag: Option<&str>, start: Instant) {
-        let mut buf = Vec::new();
-        loop {
-            let p = self.next.fetch_add(1, Ordering::Relaxed);
-            if p as usize >= self.done.len() || self.failed.load(Ordering::Relaxed) {
-                return;
-            }
-            let at = p * PIECE;
-            buf.resize(PIECE.min(self.size - at) as usize, 0);
-            let fetched = client.get(target, etag, at, &mut buf).and_then(|()| {
+    /// Copies piece `p` for `job`; false when the copy failed.
+    fn copy(&self, job: &Job, p: u64, buf: &mut Vec<u8>) -> bool {
+        let at = p * PIECE;
+        buf.resize(PIECE.min(self.size - at) as usize, 0);
+        let fetched = job
+            .client
+            .get(&job.target, job.etag.as_deref(), at, buf)
+            .and_then(|()| {
                 self.file
-                    .write_all_at(&buf, at)
+                    .write_all_at(buf, at)
                     .map_err(|e| format!("writing the node-local copy: {e}"))
             });
-            if let Err(e) = fetched {
-                tracing::warn!("{}: the copy to this node stopped: {e}", target.name);
-                self.fail();
-                return;
-            }
-            self.done[p as usize].store(true, Ordering::Release);
-            let left = self.left.fetch_sub(1, Ordering::AcqRel) - 1;
-            {
-                let _g = self.lock.lock();
-                self.arrived.notify_all();
-            }
-            if left == 0 {
-                let secs = start.elapsed().as_secs_f64();
-                tracing::info!(
-                    "{}: copied to this node, {:.1} MB in {secs:.1} s ({:.0} MB/s)",
-                    target.name,
-                    self.size as f64 / 1e6,
-                    self.size as f64 / 1e6 / secs.max(1e-3)
-                );
-            }
+        if let Err(e) = fetched {
+            tracing::warn!("{}: the copy to this node stopped: {e}", job.target.name);
+            self.fail();
+            return false;
         }
+        self.done[p as usize].store(true, Ordering::Release);
+        let left = self.left.fetch_sub(1, Ordering::AcqRel) - 1;
+        {
+            let _g = self.lock.lock();
+            self.arrived.notify_all();
+        }
+        if left == 0 {
+            let secs = job.start.elapsed().as_secs_f64();
+            tracing::info!(
+                "{}: copied to this node, {:.1} MB in {secs:.1} s ({:.0} MB/s)",
+                job.target.name,
+                self.size as f64 / 1e6,
+                self.size as f64 / 1e6 / secs.max(1e-3)
+            );
+        }
+        true
     }
 
     fn fail(&self) {
@@ -177,6 +171,71 @@ impl Stage {
     }
 }
 
+/// A copy to make, and how to fetch it.
+struct Job {
+    stage: Arc<Stage>,
+    client: Arc<Client>,
+    target: Target,
+    etag: Option<String>,
+    start: Instant,
+}
+
+/// The threads that make the copies of every object of the process, oldest object first:
+/// a union of many objects copies a few pieces at a time, not a few per object.
+struct Pool {
+    jobs: Mutex<VecDeque<Arc<Job>>>,
+    queued: Condvar,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            jobs: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+        }));
+        for i in 0..WORKERS {
+            let _ = std::thread::Builder::new()
+                .name(format!("archfs-stage-{i}"))
+                .spawn(move || pool.work());
+        }
+        pool
+    })
+}
+
+impl Pool {
+    fn add(&self, job: Job) {
+        self.jobs.lock().push_back(Arc::new(job));
+        self.queued.notify_all();
+    }
+
+    fn work(&self) {
+        let mut buf = Vec::new();
+        loop {
+            let (job, p) = {
+                let mut jobs = self.jobs.lock();
+                loop {
+                    let Some(job) = jobs.front().cloned() else {
+                        self.queued.wait(&mut jobs);
+                        continue;
+                    };
+                    let st = &job.stage;
+                    let p = st.next.fetch_add(1, Ordering::Relaxed);
+                    if p as usize >= st.done.len() || st.failed.load(Ordering::Relaxed) {
+                        jobs.pop_front(); // every piece taken: on to the next object
+                        continue;
+                    }
+                    break (job, p);
+                }
+            };
+            job.stage.copy(&job, p, &mut buf);
+            if buf.capacity() > 2 * PIECE as usize {
+                buf = Vec::new();
+            }
+        }
+    }
+}
+
 /// A nameless file for the copy: a memfd when it fits in 75% of the memory the job may
 /// fill (the preload's rule), else an unlinked file in `dir` (or `$TMPDIR`, `/tmp`) with
 /// room for it.
@@ -204,7 +263,9 @@ fn place(size: u64, dir: Option<&Path>) -> Result<File, String> {
             free as f64 / 1e9
         ));
     }
-    let path = dir.join(format!(".archfs-stage-{}-{}", std::process::id(), size));
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!(".archfs-stage-{}-{n}", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
