@@ -244,14 +244,7 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
 
 fn memfd(data: &[u8]) -> Result<std::fs::File> {
     use std::io::Write;
-    use std::os::fd::FromRawFd;
-    // SAFETY: the name is a NUL-terminated literal; a new descriptor is returned or -1.
-    let fd = unsafe { libc::memfd_create(c"archfs-check".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::io("memfd_create", std::io::Error::last_os_error()));
-    }
-    // SAFETY: fd was just created and is owned by nothing else.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut file = crate::source::scratch::memfd().map_err(|e| Error::io("memfd_create", e))?;
     file.write_all(data)
         .map_err(|e| Error::io("writing the memory file", e))?;
     Ok(file)

@@ -9,9 +9,8 @@
 //! of a stretch not yet copied is decoded in place meanwhile ([`Stage::try_read`]).
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +18,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{fill, Codec, Decoder, Points, BLOCK};
 use crate::error::{Error, Result};
-use crate::source::Source;
+use crate::source::{scratch, Source};
 
 pub struct Stage {
     file: File,
@@ -130,9 +129,9 @@ impl Stage {
         copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     ) -> Result<Stage> {
         let file = match (fits(room), dir) {
-            (true, None) => memfd().or_else(|_| temp_file(&default_dir()))?,
+            (true, None) => scratch::memfd().or_else(|_| temp_file(&scratch::default_dir()))?,
             (_, Some(d)) => temp_file(d)?,
-            (false, None) => temp_file(&default_dir())?,
+            (false, None) => temp_file(&scratch::default_dir())?,
         };
         Ok(Stage {
             file,
@@ -479,50 +478,17 @@ fn fits(len: u64) -> bool {
     crate::memory::available().is_none_or(|free| (len as f64) < free as f64 * 0.75)
 }
 
-fn default_dir() -> PathBuf {
-    std::env::var_os("TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-}
-
-/// An anonymous in-memory file. Called through `syscall`: glibc's wrapper is 2.27+.
-fn memfd() -> std::io::Result<File> {
-    // SAFETY: a NUL-terminated name and flags; the result is checked.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_memfd_create,
-            c"archfs-stage".as_ptr(),
-            libc::MFD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd as i32) })
-}
-
 /// A file nobody else can open, gone when the server exits.
 fn temp_file(dir: &Path) -> Result<File> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!(".archfs-stage-{}-{n}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| {
-            Error::io(
-                format!(
-                    "cannot create a decoded copy in {} (give another with --stage-dir)",
-                    dir.display()
-                ),
-                e,
-            )
-        })?;
-    let _ = std::fs::remove_file(&path);
-    Ok(file)
+    scratch::temp_file(dir).map_err(|e| {
+        Error::io(
+            format!(
+                "cannot create a decoded copy in {} (give another with --stage-dir)",
+                dir.display()
+            ),
+            e,
+        )
+    })
 }
 
 #[cfg(test)]

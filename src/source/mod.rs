@@ -6,6 +6,7 @@
 mod buf;
 mod file;
 pub mod remote;
+pub mod scratch;
 
 use std::os::fd::BorrowedFd;
 use std::path::Path;

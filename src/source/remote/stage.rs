@@ -7,9 +7,9 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -17,6 +17,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::http::{Client, Target};
+use crate::source::scratch;
 
 /// One GET of the copy.
 const PIECE: u64 = 4 << 20;
@@ -242,17 +243,11 @@ impl Pool {
 fn place(size: u64, dir: Option<&Path>) -> Result<File, String> {
     let fits = crate::memory::available().is_none_or(|free| (size as f64) < free as f64 * 0.75);
     if fits {
-        // SAFETY: a NUL-terminated literal name; a new descriptor or -1.
-        let fd = unsafe { libc::memfd_create(c"archfs-stage".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd >= 0 {
-            // SAFETY: fd was just created and is owned by nothing else.
-            return Ok(unsafe { File::from_raw_fd(fd) });
+        if let Ok(file) = scratch::memfd() {
+            return Ok(file);
         }
     }
-    let dir = dir
-        .map(Path::to_owned)
-        .or_else(|| std::env::var_os("TMPDIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let dir = dir.map_or_else(scratch::default_dir, Path::to_owned);
     let free = free_bytes(&dir).ok_or_else(|| format!("cannot use {}", dir.display()))?;
     if free < size.saturating_add(1 << 30) {
         return Err(format!(
@@ -263,17 +258,7 @@ fn place(size: u64, dir: Option<&Path>) -> Result<File, String> {
             free as f64 / 1e9
         ));
     }
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let path = dir.join(format!(".archfs-stage-{}-{n}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
-    let _ = std::fs::remove_file(&path);
-    Ok(file)
+    scratch::temp_file(&dir).map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))
 }
 
 fn free_bytes(dir: &Path) -> Option<u64> {
