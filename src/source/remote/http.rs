@@ -14,7 +14,7 @@ use ureq::tls::{RootCerts, TlsConfig};
 use super::config::Credentials;
 use super::sigv4;
 
-/// Requests in flight at once, for all objects of a mount.
+/// Requests in flight at once, for all objects of a mount ([`Client::shared`]).
 const IN_FLIGHT: usize = 32;
 /// Attempts of one request, and how long they may take together.
 const ATTEMPTS: u32 = 8;
@@ -61,9 +61,22 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// The process's client for `ca_bundle`: one per bundle, so the limit on requests in
+    /// flight holds for all objects of a mount together.
+    pub fn shared(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
+        static CLIENTS: Mutex<Vec<(Option<PathBuf>, Arc<Client>)>> = Mutex::new(Vec::new());
+        let mut clients = CLIENTS.lock();
+        if let Some((_, c)) = clients.iter().find(|(k, _)| k.as_ref() == ca_bundle) {
+            return Ok(c.clone());
+        }
+        let c = Client::new(ca_bundle)?;
+        clients.push((ca_bundle.cloned(), c.clone()));
+        Ok(c)
+    }
+
     /// A client trusting the CA certificates in `ca_bundle`, else those of
     /// `SSL_CERT_FILE` or the system's bundle, else Mozilla's.
-    pub fn new(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
+    fn new(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
         let roots = match roots(ca_bundle)? {
             Some(certs) => RootCerts::Specific(Arc::new(certs)),
             None => RootCerts::WebPki,

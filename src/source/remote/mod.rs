@@ -79,7 +79,7 @@ impl RemoteObject {
 
     fn open_at(location: Location, options: &RemoteOptions) -> Result<RemoteObject> {
         let (target, ca_bundle) = target(&location, options).map_err(Error::Unsupported)?;
-        let client = http::Client::new(ca_bundle.as_ref()).map_err(Error::Unsupported)?;
+        let client = http::Client::shared(ca_bundle.as_ref()).map_err(Error::Unsupported)?;
         let meta = client.head(&target).map_err(Error::Unsupported)?;
         tracing::info!(
             "{}: {} bytes, ETag {}, from {}",
