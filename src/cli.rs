@@ -101,6 +101,18 @@ enum Cmd {
         #[arg(long)]
         no_sign_request: bool,
     },
+    /// Index a tar archive once, so every later mount skips the scan: for an
+    /// s3://BUCKET/KEY archive the index is stored beside it as KEY.archfs-index (you
+    /// need write access to the bucket), so jobs on every node mount at once.
+    Index {
+        archive: PathBuf,
+        /// As a mount with --recursive shows it.
+        #[arg(long)]
+        recursive: bool,
+        /// Read an s3:// archive with unsigned requests (a public bucket).
+        #[arg(long)]
+        no_sign_request: bool,
+    },
     /// Print a shell completion script: `archfs completions bash > ~/.local/share/bash-completion/completions/archfs`.
     Completions { shell: clap_complete::Shell },
     /// Print the manual page in roff: `archfs man | man -l -`, or `archfs man mount`.
@@ -229,6 +241,10 @@ struct ServeArgs {
     /// CLI finds them (AWS_* variables, ~/.aws/credentials, ~/.aws/config).
     #[arg(long)]
     no_sign_request: bool,
+    /// How long a request to an object store may be retried (backoff and jitter on 5xx,
+    /// 429/503 SlowDown, resets, stalls) before the read that needs it fails with EIO.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    retry_for: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -437,6 +453,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Index {
+            archive,
+            recursive,
+            no_sign_request,
+        } => {
+            let options = inspect_options(recursive, no_sign_request);
+            let to = crate::open::save_index(&archive, &options)?;
+            println!("index of {} saved as {to}", archive.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Check {
             archive,
             recursive,
@@ -550,6 +576,10 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         entry_spacing: serve.entry_spacing,
         stage_dir: serve.stage_dir.clone(),
         no_sign_request: serve.no_sign_request,
+        retry_for: std::time::Duration::try_from_secs_f64(serve.retry_for)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| Failure("--retry-for takes a positive number of seconds".into()))?,
         preload: match serve.preload {
             Preload::Auto => job::Preload::Auto,
             Preload::Always => job::Preload::Always,
@@ -572,15 +602,19 @@ fn inspect(
     recursive: bool,
     no_sign_request: bool,
 ) -> crate::error::Result<std::sync::Arc<dyn archive::Archive>> {
-    let options = OpenOptions {
+    let options = inspect_options(recursive, no_sign_request);
+    crate::open::open_many(&[path.to_owned()], &CacheConfig::default(), &options)
+}
+
+fn inspect_options(recursive: bool, no_sign_request: bool) -> OpenOptions {
+    OpenOptions {
         recursive,
         remote: crate::source::RemoteOptions {
             no_sign_request,
             ..Default::default()
         },
         ..OpenOptions::default()
-    };
-    crate::open::open_with(path, &CacheConfig::default(), &options)
+    }
 }
 
 #[cfg(test)]

@@ -136,9 +136,9 @@ fn unsafe_gid() -> u32 {
     unsafe { libc::getgid() }
 }
 
-/// Opens one archive, or the union of several (directories stand for the archives in
-/// them, in name order): for names in more than one, the archive given last wins, and
-/// directories merge.
+/// Opens one archive, or the union of several (directories, and `s3://BUCKET/PREFIX/`
+/// names, stand for the archives directly in them, in name order): for names in more
+/// than one, the archive given last wins, and directories merge.
 pub fn open_many(
     paths: &[std::path::PathBuf],
     cache: &CacheConfig,
@@ -146,7 +146,9 @@ pub fn open_many(
 ) -> Result<Arc<dyn Archive>> {
     let mut files = Vec::new();
     for p in paths {
-        if p.is_dir() {
+        if let Some(objects) = crate::source::list_prefix(p, &options.remote) {
+            files.extend(objects?);
+        } else if p.is_dir() {
             let mut inside: Vec<_> = std::fs::read_dir(p)
                 .map_err(|e| Error::io(format!("cannot list {}", p.display()), e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -181,6 +183,36 @@ pub fn open_many(
         .map(|f| open_with(f, &per_member, &options))
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(Union::new(members)?))
+}
+
+/// Builds (or loads) the index of the tar archive `path` and keeps it where every later
+/// mount looks first: for an `s3://` object, the object `KEY.archfs-index` beside it, so
+/// jobs on every node mount at once; for a local archive, where a mount saves it.
+/// Says where it went.
+pub fn save_index(path: &Path, options: &OpenOptions) -> Result<String> {
+    let archive = open_with(path, &CacheConfig::default(), options)?;
+    let source = Source::open_with(path, &options.remote)?;
+    let mut magic = [0u8; 4];
+    if source.len() >= 4 {
+        source.read_exact_at(0, &mut magic)?;
+    }
+    if &magic == b"hsqs" {
+        return Err(Error::Unsupported(format!(
+            "{} is a SquashFS image, which needs no index: it mounts at once",
+            path.display()
+        )));
+    }
+    let saved = options
+        .index
+        .clone()
+        .unwrap_or_else(|| crate::tar::persist::default_path(path, source.is_local()));
+    drop(archive);
+    if source.is_local() {
+        return Ok(saved.display().to_string());
+    }
+    let body = std::fs::read(&saved)
+        .map_err(|e| Error::io(format!("cannot read the index {}", saved.display()), e))?;
+    crate::source::put_sidecar(path, &options.remote, &body)
 }
 
 /// The formats [`check_bytes`] can be asked to read.

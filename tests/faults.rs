@@ -162,6 +162,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,
         no_sign_request: false,
+        retry_for: std::time::Duration::from_secs(60),
         debug: false,
     };
     let mut baseline = None;

@@ -157,7 +157,12 @@ fn errors_name_the_object_and_what_to_do() {
         &[("AWS_ACCESS_KEY_ID", "AKIAUNKNOWN000000000")],
         &["access key is unknown", &s3.endpoint()],
     );
-    fails(&["info", "s3://data/"], &[], &["names no object"]);
+    fails(&["info", "s3:///x.tar"], &[], &["names no bucket"]);
+    fails(
+        &["ls", "s3://nobucket/shards/"],
+        &[],
+        &["s3://nobucket/shards/", "no such bucket"],
+    );
     // Nothing listens there: the retries end, with the endpoint named.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -390,4 +395,217 @@ print('read', len(names))
             who.name()
         );
     }
+}
+
+/// `s3://BUCKET/PREFIX/` stands for the archives directly under the prefix, in name
+/// order, as a local directory of shards does: the union equals the shards' files
+/// together; deeper "folders" and index sidecars are left out.
+#[test]
+fn a_prefix_is_the_union_of_the_archives_directly_under_it() {
+    let dir = TempDir::new("remote-prefix");
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    let all = dir.join("all");
+    let mut bytes = xorshift_bytes(11);
+    for shard in 0..3 {
+        let root = dir.join(format!("shard{shard}"));
+        for i in 0..5 {
+            let name = format!("{:06}.jpg", shard * 5 + i);
+            for into in [&root, &all] {
+                std::fs::create_dir_all(into).unwrap();
+            }
+            let data = bytes(3000 + shard * 1000 + i * 77);
+            std::fs::write(root.join(&name), &data).unwrap();
+            std::fs::write(all.join(&name), &data).unwrap();
+        }
+        let tar = dir.join(format!("shard-{shard}.tar"));
+        tar_of(&root, ".", &tar);
+        s3.put("data", &format!("shards/shard-{shard}.tar"), &tar);
+    }
+    // One shard as a SquashFS image: a union mixes formats.
+    let extra = dir.join("extra");
+    std::fs::create_dir_all(&extra).unwrap();
+    std::fs::write(extra.join("labels.txt"), b"cat\ndog\n").unwrap();
+    std::fs::write(all.join("labels.txt"), b"cat\ndog\n").unwrap();
+    let img = dir.join("extra.sqfs");
+    mksquashfs(&extra, &img, &["-all-root"]);
+    s3.put("data", "shards/zz-extra.sqfs", &img);
+    // Not part of the union: a deeper folder, a sidecar, a folder marker.
+    s3.put("data", "shards/deeper/other.tar", &dir.join("shard-0.tar"));
+    s3.put_bytes("data", "shards/shard-0.tar.archfs-index", b"not an index");
+    s3.put_bytes("data", "shards/", b"");
+
+    let m = mount(
+        &s3,
+        &dir.join("cache"),
+        "s3://data/shards/",
+        &dir.join("mnt"),
+        &[],
+    );
+    let opts = CompareOpts {
+        root_attrs: false,
+        ..CompareOpts::default()
+    };
+    common::suite::check_mount(&all, &m.path, &opts, "s3://data/shards/");
+    drop(m);
+
+    let out = inspect(&s3, &["ls", "s3://data/shards/"], &[]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(listing.lines().count(), 16, "{listing}");
+    assert!(listing.contains("000014.jpg") && listing.contains("labels.txt"));
+
+    let out = inspect(&s3, &["ls", "s3://data/nothing-here/"], &[]);
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("no objects directly under s3://data/nothing-here/"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// `archfs index s3://...` stores the index beside the archive as KEY.archfs-index;
+/// a mount on another node (an empty cache) fetches it instead of scanning; once the
+/// archive is replaced the sidecar no longer matches and the mount scans the new one.
+#[test]
+fn a_sidecar_index_is_written_once_and_used_by_every_later_mount() {
+    let dir = TempDir::new("remote-sidecar");
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    let src = small_awkward_tree(&dir);
+    let tar = dir.join("d.tar");
+    tar_of(&src, ".", &tar);
+    let ex = dir.join("ex");
+    extract(&tar, &ex);
+    s3.put("data", "sets/d.tar", &tar);
+
+    let writer_cache = dir.join("writer-cache");
+    let out = inspect(
+        &s3,
+        &["index", "s3://data/sets/d.tar"],
+        &[("XDG_CACHE_HOME", writer_cache.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("s3://data/sets/d.tar.archfs-index"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let (size, _) = s3.head("data", "sets/d.tar.archfs-index");
+    assert!(size > 100, "sidecar of {size} bytes");
+
+    // Another node: nothing cached; the log says where the index came from.
+    let mount_logged = |cache: &Path, log: &Path| {
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", cache)
+            .env("ARCHFS_LOG", "info")
+            .args(["mount", "s3://data/sets/d.tar"])
+            .arg(&mnt)
+            .args(["--preload=never", "--log"])
+            .arg(log);
+        run_ok(&mut cmd);
+        Mount { path: mnt }
+    };
+    let log = dir.join("node2.log");
+    let m = mount_logged(&dir.join("node2-cache"), &log);
+    common::suite::check_mount(&ex, &m.path, &CompareOpts::default(), "with the sidecar");
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("fetched the index"), "{text}");
+    assert!(
+        !text.contains("indexed "),
+        "scanned despite the sidecar: {text}"
+    );
+
+    // The archive replaced: the sidecar is out of date, the new archive is scanned.
+    std::fs::write(src.join("new-file"), b"added later").unwrap();
+    tar_of(&src, ".", &tar);
+    let ex2 = dir.join("ex2");
+    extract(&tar, &ex2);
+    s3.put("data", "sets/d.tar", &tar);
+    let log = dir.join("node3.log");
+    let m = mount_logged(&dir.join("node3-cache"), &log);
+    common::suite::check_mount(&ex2, &m.path, &CompareOpts::default(), "stale sidecar");
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("out of date") && text.contains("indexed "),
+        "{text}"
+    );
+
+    // A SquashFS image needs none.
+    let img = dir.join("i.sqfs");
+    mksquashfs(&src, &img, &[]);
+    s3.put("data", "i.sqfs", &img);
+    let out = inspect(&s3, &["index", "s3://data/i.sqfs"], &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("needs no index"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+/// The object store gone for good mid-epoch: reads that need it fail with EIO once the
+/// retry budget (--retry-for) is spent, never hang, whether the server stalls (stopped
+/// with SIGSTOP: connections open, no answer) or is gone (connections refused); then
+/// the mount unmounts cleanly.
+#[test]
+fn a_server_gone_mid_epoch_gives_eio_within_the_retry_budget() {
+    let dir = TempDir::new("remote-gone");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut bytes = xorshift_bytes(5);
+    // Members of 5 MiB: past the first 16 MiB (fetched ahead by the index scan) the scan
+    // jumps from header to header, so their data is fetched only when read.
+    for i in 0..6 {
+        std::fs::write(root.join(format!("f{i}")), bytes(5 << 20)).unwrap();
+    }
+    let tar = dir.join("g.tar");
+    tar_of(&root, ".", &tar);
+    let mut s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "g.tar", &tar);
+    let m = mount(
+        &s3,
+        &dir.join("cache"),
+        "s3://data/g.tar",
+        &dir.join("mnt"),
+        &["--preload=never", "--retry-for=4"],
+    );
+    assert_eq!(
+        std::fs::read(m.path.join("f0")).unwrap(),
+        std::fs::read(root.join("f0")).unwrap()
+    );
+    let read_fails = |name: &str| {
+        let started = std::time::Instant::now();
+        let f = std::fs::File::open(m.path.join(name)).unwrap();
+        let mut buf = vec![0u8; 200 << 10];
+        match f.read_exact_at(&mut buf, 2 << 20) {
+            Ok(()) => panic!("{name}: read with the server gone"),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}"),
+        }
+        started.elapsed()
+    };
+    let pid = s3.pid().unwrap();
+    // SAFETY: signals to the server's process group, started by this test.
+    assert_eq!(unsafe { libc::kill(-pid, libc::SIGSTOP) }, 0);
+    let stalled = read_fails("f4");
+    assert_eq!(unsafe { libc::kill(-pid, libc::SIGCONT) }, 0);
+    s3.stop();
+    let refused = read_fails("f5");
+    eprintln!("EIO after {stalled:?} (stalled), {refused:?} (refused)");
+    // 4 s of budget; the rest is slack for a busy machine, far below a hang.
+    for took in [stalled, refused] {
+        assert!(took.as_secs() < 40, "EIO only after {took:?}");
+    }
+    let mnt = m.path.clone();
+    drop(m);
+    assert!(!is_mounted(&mnt));
+    let arg = mnt.as_os_str().as_encoded_bytes();
+    assert!(wait_for(30, || pids_with_args(&[arg]).is_empty()));
 }

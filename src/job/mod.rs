@@ -66,6 +66,8 @@ pub struct Settings {
     pub stage_dir: Option<PathBuf>,
     /// Unsigned requests for s3:// archives.
     pub no_sign_request: bool,
+    /// How long a request to an object store may be retried.
+    pub retry_for: std::time::Duration,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
     /// List the whole tree through the mount once it is live ([`crate::warm::prelist`]), when
@@ -460,6 +462,7 @@ fn open_and_mount(
             no_sign_request: s.no_sign_request,
             stage: s.preload != Preload::Never,
             stage_dir: s.stage_dir.clone(),
+            retry_for: Some(s.retry_for),
         },
     };
     let archive =

@@ -16,7 +16,7 @@ pub use buf::Buf;
 #[cfg(test)]
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
-pub use remote::{is_url, RemoteObject, RemoteOptions};
+pub use remote::{is_url, list_prefix, put_sidecar, RemoteObject, RemoteOptions, SIDECAR};
 
 use crate::error::{Error, Result};
 
@@ -49,6 +49,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// The same bytes through a handle of its own, so that a reader that moves through
     /// them on its own course keeps its own read-ahead.
     fn reopen(&self) -> std::io::Result<Arc<dyn Storage>>;
+    /// Writes the index kept beside the archive where it is stored (an object's
+    /// `KEY.archfs-index`) into `to`; `false` when there is none. A local archive's index
+    /// is read where it lies, so: `false`.
+    fn fetch_sidecar(&self, _to: &mut std::fs::File) -> std::io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Bytes `[base, base + len)` of a [`Storage`]: a whole archive, or a member of one that
@@ -144,6 +150,15 @@ impl Source {
 
     pub fn path(&self) -> &Path {
         self.store.path()
+    }
+
+    /// The index kept beside the whole archive in its store ([`Storage::fetch_sidecar`]),
+    /// written into `to`; `false` when there is none or this is part of an archive.
+    pub fn fetch_sidecar(&self, to: &mut std::fs::File) -> std::io::Result<bool> {
+        if self.base != 0 || self.len != self.store.size() {
+            return Ok(false);
+        }
+        self.store.fetch_sidecar(to)
     }
 
     /// Whether the archive is a file of this machine ([`Storage::is_local`]).

@@ -443,13 +443,19 @@ pub fn open(
         .map(Path::to_owned)
         .unwrap_or_else(|| persist::default_path(source.path(), source.is_local()));
     let archive_len = source.len();
-    let saved = persist::load(&path, &id, |extra| {
-        let (points, nested) = Under::decode(extra, codec, archive_len)?;
-        let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
-            .chain(nested.iter().map(|n| n.points.len()))
-            .collect();
-        Some(((points, nested), lens))
-    });
+    let load = || {
+        persist::load(&path, &id, |extra| {
+            let (points, nested) = Under::decode(extra, codec, archive_len)?;
+            let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
+                .chain(nested.iter().map(|n| n.points.len()))
+                .collect();
+            Some(((points, nested), lens))
+        })
+    };
+    let mut saved = load();
+    if saved.is_err() && index_path.is_none() && persist::fetch_sidecar(&source, &path) {
+        saved = load();
+    }
     match saved {
         Ok((index, (points, nested))) => {
             tracing::info!("using the saved index {}", path.display());

@@ -68,6 +68,38 @@ pub fn default_path(archive: &Path, local: bool) -> PathBuf {
     cache.join(format!("{}-{tag:08x}.archfs-index", name.to_string_lossy()))
 }
 
+/// Fetches the index kept beside an archive in object storage into `path` (the local
+/// index cache), for [`load`] to check like any saved index; `false` when there is none.
+pub fn fetch_sidecar(source: &Source, path: &Path) -> bool {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let fetched = (|| {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut f = std::fs::File::create(&tmp)?;
+        if !source.fetch_sidecar(&mut f)? {
+            return Ok(false);
+        }
+        std::fs::rename(&tmp, path)?;
+        Ok::<_, std::io::Error>(true)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    match fetched {
+        Ok(true) => {
+            tracing::info!("fetched the index {}.archfs-index", source.path().display());
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            tracing::warn!(
+                "cannot fetch the index {}.archfs-index ({e}); scanning the archive",
+                source.path().display()
+            );
+            false
+        }
+    }
+}
+
 fn writable(dir: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return false;

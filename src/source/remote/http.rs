@@ -16,9 +16,10 @@ use super::sigv4;
 
 /// Requests in flight at once, for all objects of a mount ([`Client::shared`]).
 const IN_FLIGHT: usize = 32;
-/// Attempts of one request, and how long they may take together.
+/// Attempts of one request (how long they may take together is [`Target::budget`]).
 const ATTEMPTS: u32 = 8;
-const BUDGET: Duration = Duration::from_secs(60);
+/// The default of that budget.
+pub const BUDGET: Duration = Duration::from_secs(60);
 
 /// One object and how to reach it.
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ pub struct Target {
     pub signer: Option<(Credentials, String)>,
     /// Where the credentials came from, for messages (never the secret).
     pub credentials_from: String,
+    /// How long the attempts of one request may take together before it fails.
+    pub budget: Duration,
 }
 
 /// What HEAD says of an object.
@@ -103,7 +106,7 @@ impl Client {
     /// rather than a HEAD: an error comes with S3's XML body (which bucket or key is
     /// missing), and a server that ignores ranges is found at once.
     pub fn head(&self, t: &Target) -> Result<Meta, String> {
-        self.send(t, Some("bytes=0-0"), None, |resp| {
+        self.send(t, &Call::range("bytes=0-0".into(), None), |resp| {
             let h = resp.headers();
             let text = |k: &str| h.get(k).and_then(|v| v.to_str().ok());
             if resp.status().as_u16() != 206 {
@@ -134,7 +137,7 @@ impl Client {
             return Ok(());
         }
         let range = format!("bytes={}-{}", at, at + buf.len() as u64 - 1);
-        self.send(t, Some(&range), etag, |resp| {
+        self.send(t, &Call::range(range, etag), |resp| {
             if resp.status().as_u16() != 206 {
                 return Err(no_ranges(resp.status().as_u16()));
             }
@@ -145,35 +148,115 @@ impl Client {
         })
     }
 
+    /// The whole object written to `out`; `false` when there is no such object.
+    pub fn get_to(&self, t: &Target, out: &mut std::fs::File) -> Result<bool, String> {
+        use std::io::{Seek, Write};
+        let call = Call {
+            missing_ok: true,
+            ..Call::plain("GET")
+        };
+        self.send(t, &call, |resp| {
+            if resp.status().as_u16() == 404 {
+                return Ok(false);
+            }
+            let again = |e: std::io::Error| Failure::Retry(format!("reading the response: {e}"));
+            out.set_len(0).and_then(|()| out.rewind()).map_err(again)?;
+            let mut body = resp.body_mut().with_config().limit(u64::MAX).reader();
+            std::io::copy(&mut body, out).map_err(again)?;
+            out.flush().map_err(again)?;
+            Ok(true)
+        })
+    }
+
+    /// Stores `body` as the object.
+    pub fn put(&self, t: &Target, body: &[u8]) -> Result<(), String> {
+        let call = Call {
+            body,
+            ..Call::plain("PUT")
+        };
+        self.send(t, &call, |_| Ok(()))
+    }
+
+    /// The keys and sizes of the objects directly under `prefix` in the bucket `t`
+    /// (a ListObjectsV2 with `/` as delimiter, every page), in name order.
+    pub fn list(&self, t: &Target, prefix: &str) -> Result<Vec<(String, u64)>, String> {
+        let mut found = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            // Sorted by name, as signing wants.
+            let mut query = vec![
+                ("continuation-token", token.clone()),
+                ("delimiter", Some("/".to_owned())),
+                ("list-type", Some("2".to_owned())),
+                ("prefix", Some(prefix.to_owned())),
+            ];
+            query.retain(|(_, v)| v.is_some());
+            let query = query
+                .iter()
+                .map(|(k, v)| format!("{k}={}", query_encode(v.as_deref().unwrap_or(""))))
+                .collect::<Vec<_>>()
+                .join("&");
+            let call = Call {
+                query: &query,
+                ..Call::plain("GET")
+            };
+            let page = self.send(t, &call, |resp| {
+                resp.body_mut()
+                    .with_config()
+                    .limit(64 << 20)
+                    .read_to_string()
+                    .map_err(|e| Failure::Retry(format!("reading the listing: {e}")))
+            })?;
+            for item in xml_elements(&page, "Contents") {
+                let key = xml_field(item, "Key").map(|k| xml_unescape(&k));
+                let size = xml_field(item, "Size").and_then(|s| s.parse().ok());
+                match (key, size) {
+                    (Some(k), Some(s)) => found.push((k, s)),
+                    _ => return Err(format!("the listing of {} is malformed", t.name)),
+                }
+            }
+            token = xml_field(&page, "NextContinuationToken").map(|k| xml_unescape(&k));
+            let truncated = xml_field(&page, "IsTruncated").is_some_and(|v| v == "true");
+            if !truncated || token.is_none() {
+                break;
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
     /// Sends one request, retrying what may pass (transport errors, 5xx, 429, 408) with
-    /// exponential backoff and full jitter until `ATTEMPTS` or `BUDGET` run out.
+    /// exponential backoff and full jitter until `ATTEMPTS` or the target's retry budget
+    /// run out; no attempt outlasts the budget.
     fn send<T>(
         &self,
         t: &Target,
-        range: Option<&str>,
-        etag: Option<&str>,
+        call: &Call<'_>,
         mut done: impl FnMut(&mut ureq::http::Response<ureq::Body>) -> Result<T, Failure>,
     ) -> Result<T, String> {
         let start = Instant::now();
-        let what = match range {
-            Some(r) => format!("GET {} ({r}) from {}", t.name, t.endpoint),
-            None => format!("GET {} from {}", t.name, t.endpoint),
+        let what = match &call.range {
+            Some(r) => format!("{} {} ({r}) from {}", call.method, t.name, t.endpoint),
+            None => format!("{} {} from {}", call.method, t.name, t.endpoint),
         };
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let left = t.budget.saturating_sub(start.elapsed());
             let result = {
                 let _slot = self.slot();
-                self.once(t, range, etag)
+                self.once(t, call, left.max(Duration::from_secs(1)))
                     .map_err(|e| Failure::Retry(e.to_string()))
-                    .and_then(|mut resp| classify(t, &mut resp).and_then(|()| done(&mut resp)))
+                    .and_then(|mut resp| {
+                        classify(t, call, &mut resp).and_then(|()| done(&mut resp))
+                    })
             };
             match result {
                 Ok(v) => return Ok(v),
                 Err(Failure::Final(why)) => return Err(format!("{what}: {why}")),
                 Err(Failure::Retry(why)) => {
                     let pause = backoff(attempt);
-                    if attempt >= ATTEMPTS || start.elapsed() + pause > BUDGET {
+                    if attempt >= ATTEMPTS || start.elapsed() + pause > t.budget {
                         return Err(format!(
                             "{what}: {why} (gave up after {attempt} attempts in {:.1} s)",
                             start.elapsed().as_secs_f64()
@@ -189,33 +272,48 @@ impl Client {
     fn once(
         &self,
         t: &Target,
-        range: Option<&str>,
-        etag: Option<&str>,
+        call: &Call<'_>,
+        timeout: Duration,
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut headers: Vec<(&str, String)> = Vec::new();
-        if let Some(r) = range {
-            headers.push(("range", r.to_owned()));
+        if let Some(r) = &call.range {
+            headers.push(("range", r.clone()));
         }
-        if let Some(e) = etag {
+        if let Some(e) = call.etag {
             headers.push(("if-match", e.to_owned()));
         }
         if let Some((creds, region)) = &t.signer {
-            let signed = sigv4::sign(
-                creds,
-                region,
-                "GET",
-                &t.host,
-                &t.path,
-                &[],
-                SystemTime::now(),
-            );
-            headers.extend(signed);
+            let req = sigv4::Request {
+                method: call.method,
+                host: &t.host,
+                uri: &t.path,
+                query: call.query,
+                headers: &[],
+                body: call.body,
+            };
+            headers.extend(sigv4::sign(creds, region, &req, SystemTime::now()));
         }
-        let mut req = self.agent.get(&t.url);
+        let url = if call.query.is_empty() {
+            t.url.clone()
+        } else {
+            format!("{}?{}", t.url, call.query)
+        };
+        if call.method == "PUT" {
+            let mut req = self.agent.put(&url);
+            for (k, v) in &headers {
+                req = req.header(*k, v);
+            }
+            return req
+                .config()
+                .timeout_global(Some(timeout))
+                .build()
+                .send(call.body);
+        }
+        let mut req = self.agent.get(&url);
         for (k, v) in &headers {
             req = req.header(*k, v);
         }
-        req.call()
+        req.config().timeout_global(Some(timeout)).build().call()
     }
 
     /// Waits for a free request slot; it is given back when the guard drops.
@@ -238,6 +336,38 @@ impl Drop for Slot<'_> {
     }
 }
 
+/// What to send beside the target.
+struct Call<'a> {
+    method: &'static str,
+    query: &'a str,
+    range: Option<String>,
+    etag: Option<&'a str>,
+    body: &'a [u8],
+    /// A 404 is an answer, not an error.
+    missing_ok: bool,
+}
+
+impl<'a> Call<'a> {
+    fn plain(method: &'static str) -> Call<'a> {
+        Call {
+            method,
+            query: "",
+            range: None,
+            etag: None,
+            body: b"",
+            missing_ok: false,
+        }
+    }
+
+    fn range(range: String, etag: Option<&'a str>) -> Call<'a> {
+        Call {
+            range: Some(range),
+            etag,
+            ..Call::plain("GET")
+        }
+    }
+}
+
 enum Failure {
     /// Worth another attempt.
     Retry(String),
@@ -253,9 +383,13 @@ fn no_ranges(status: u16) -> Failure {
 }
 
 /// An error status as a [`Failure`] that says what to do about it.
-fn classify(t: &Target, resp: &mut ureq::http::Response<ureq::Body>) -> Result<(), Failure> {
+fn classify(
+    t: &Target,
+    call: &Call<'_>,
+    resp: &mut ureq::http::Response<ureq::Body>,
+) -> Result<(), Failure> {
     let status = resp.status().as_u16();
-    if (200..300).contains(&status) {
+    if (200..300).contains(&status) || (status == 404 && call.missing_ok) {
         return Ok(());
     }
     let body = resp
@@ -307,6 +441,69 @@ fn classify(t: &Target, resp: &mut ureq::http::Response<ureq::Body>) -> Result<(
     } else {
         format!("{said}; {hint}")
     }))
+}
+
+/// The bodies of the `<name>` elements of an XML document.
+fn xml_elements<'a>(body: &'a str, name: &str) -> Vec<&'a str> {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+/// XML's escapes undone (`&amp;`, `&lt;`, `&#38;`...).
+fn xml_unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        let Some(end) = rest.find(';') else { break };
+        let entity = &rest[1..end];
+        let c = match entity {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            _ => entity
+                .strip_prefix("#x")
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .or_else(|| entity.strip_prefix('#').and_then(|d| d.parse().ok()))
+                .and_then(char::from_u32),
+        };
+        match c {
+            Some(c) => {
+                out.push(c);
+                rest = &rest[end + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A query value percent-encoded as SigV4 wants: every byte but the unreserved ones.
+fn query_encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for &b in v.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The text of the first `<name>` element of an S3 error body.
@@ -428,6 +625,16 @@ mod tests {
             Some("The specified key does not exist.")
         );
         assert_eq!(xml_field("<Error></Error>", "Code"), None);
+        let list = "<ListBucketResult><Contents><Key>a&amp;b &#228;.tar</Key><Size>3</Size>\
+                    </Contents><Contents><Key>c</Key><Size>0</Size></Contents></ListBucketResult>";
+        let items = xml_elements(list, "Contents");
+        assert_eq!(items.len(), 2);
+        assert_eq!(
+            xml_unescape(&xml_field(items[0], "Key").unwrap()),
+            "a&b ä.tar"
+        );
+        assert_eq!(xml_unescape("x &bogus; &amp"), "x &bogus; &amp");
+        assert_eq!(query_encode("a b/c~"), "a%20b%2Fc~");
     }
 
     #[test]

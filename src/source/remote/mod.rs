@@ -46,6 +46,8 @@ pub struct RemoteOptions {
     pub stage: bool,
     /// Where the copy goes when it does not fit in memory.
     pub stage_dir: Option<PathBuf>,
+    /// How long one request may be retried before its read fails (default 60 s).
+    pub retry_for: Option<std::time::Duration>,
 }
 
 /// An object in S3 or at an HTTP(S) URL.
@@ -78,6 +80,13 @@ impl RemoteObject {
     }
 
     fn open_at(location: Location, options: &RemoteOptions) -> Result<RemoteObject> {
+        if let Location::S3Prefix { .. } = location {
+            return Err(Error::Unsupported(format!(
+                "{} is a prefix, not an object: mount it to see the archives under it as \
+                 one tree, or name one object (s3://BUCKET/KEY)",
+                location.name()
+            )));
+        }
         let (target, ca_bundle) = target(&location, options).map_err(Error::Unsupported)?;
         let client = http::Client::shared(ca_bundle.as_ref()).map_err(Error::Unsupported)?;
         let meta = client.head(&target).map_err(Error::Unsupported)?;
@@ -117,6 +126,7 @@ fn target(
     location: &Location,
     options: &RemoteOptions,
 ) -> std::result::Result<(http::Target, Option<PathBuf>), String> {
+    let budget = options.retry_for.unwrap_or(http::BUDGET);
     match location {
         Location::Http { url } => {
             let (host, path) = url::split_url(url);
@@ -131,11 +141,17 @@ fn target(
                     endpoint,
                     signer: None,
                     credentials_from: "none (a plain URL is read anonymously)".into(),
+                    budget,
                 },
                 ca,
             ))
         }
-        Location::S3 { bucket, key } => {
+        Location::S3 { bucket, key }
+        | Location::S3Prefix {
+            bucket,
+            prefix: key,
+        } => {
+            let is_object = matches!(location, Location::S3 { .. });
             let home = std::env::var_os("HOME").map(PathBuf::from);
             let cfg = config::resolve(
                 &|k| std::env::var(k).ok(),
@@ -152,7 +168,12 @@ fn target(
             let dns_safe = bucket
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-            let url = if cfg.path_style || !dns_safe {
+            let url = if !is_object && (cfg.path_style || !dns_safe) {
+                format!("{endpoint}/{bucket}")
+            } else if !is_object {
+                let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
+                format!("{scheme}://{bucket}.{host}/")
+            } else if cfg.path_style || !dns_safe {
                 format!("{endpoint}/{bucket}/{key}")
             } else {
                 let (scheme, host) = endpoint.split_once("://").unwrap_or(("https", &endpoint));
@@ -170,10 +191,76 @@ fn target(
                     endpoint: format!("{endpoint} (endpoint from {})", cfg.endpoint_from),
                     signer,
                     credentials_from,
+                    budget,
                 },
                 cfg.ca_bundle,
             ))
         }
+    }
+}
+
+/// The objects directly under an `s3://BUCKET/PREFIX/` name, in name order, as
+/// `s3://` names (index sidecars and empty "folder" markers left out); `None` when
+/// `name` is no such prefix.
+pub fn list_prefix(name: &Path, options: &RemoteOptions) -> Option<Result<Vec<PathBuf>>> {
+    let location = match Location::parse(name)? {
+        Ok(l @ Location::S3Prefix { .. }) => l,
+        _ => return None,
+    };
+    let Location::S3Prefix { bucket, prefix } = &location else {
+        unreachable!()
+    };
+    let listed = target(&location, options).and_then(|(t, ca)| {
+        let client = http::Client::shared(ca.as_ref())?;
+        client.list(&t, prefix)
+    });
+    Some(match listed {
+        Err(e) => Err(Error::Unsupported(e)),
+        Ok(keys) => {
+            let names: Vec<PathBuf> = keys
+                .into_iter()
+                .filter(|(k, size)| !(k.ends_with(SIDECAR) || k.ends_with('/') && *size == 0))
+                .map(|(k, _)| PathBuf::from(format!("s3://{bucket}/{k}")))
+                .collect();
+            if names.is_empty() {
+                Err(Error::Unsupported(format!(
+                    "there are no objects directly under {}: check the prefix (it ends \
+                     in /; objects in deeper \"folders\" are not included)",
+                    location.name()
+                )))
+            } else {
+                Ok(names)
+            }
+        }
+    })
+}
+
+/// What the index saved beside an archive is called after the archive's name.
+pub const SIDECAR: &str = ".archfs-index";
+
+/// The object `name` + [`SIDECAR`], given `body`: the index every later mount of the
+/// archive, on any node, loads instead of scanning it. Only `s3://` names.
+pub fn put_sidecar(name: &Path, options: &RemoteOptions, body: &[u8]) -> Result<String> {
+    let sidecar = sidecar_location(name)?;
+    let (t, ca) = target(&sidecar, options).map_err(Error::Unsupported)?;
+    let client = http::Client::shared(ca.as_ref()).map_err(Error::Unsupported)?;
+    client.put(&t, body).map_err(Error::Unsupported)?;
+    Ok(sidecar.name())
+}
+
+fn sidecar_location(name: &Path) -> Result<Location> {
+    match Location::parse(name) {
+        Some(Ok(Location::S3 { bucket, key })) => Ok(Location::S3 {
+            bucket,
+            key: format!("{key}{SIDECAR}"),
+        }),
+        Some(Ok(Location::Http { url })) => Ok(Location::Http {
+            url: format!("{url}{SIDECAR}"),
+        }),
+        _ => Err(Error::Unsupported(format!(
+            "{} is not an object in S3: a sidecar index is written beside s3://BUCKET/KEY",
+            name.display()
+        ))),
     }
 }
 
@@ -199,6 +286,29 @@ impl Inner {
                 Ok(v)
             })
             .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Fills `buf` from `pos` if every chunk it spans is cached.
+    fn cached_span(&self, pos: u64, buf: &mut [u8]) -> bool {
+        let end = pos + buf.len() as u64;
+        let mut held = Vec::new();
+        for c in pos / CHUNK..end.div_ceil(CHUNK) {
+            match self.chunks.get(c) {
+                Some(chunk) => held.push(chunk),
+                None => return false,
+            }
+        }
+        for (i, chunk) in held.iter().enumerate() {
+            let c_at = (pos / CHUNK + i as u64) * CHUNK;
+            let from = pos.max(c_at);
+            let to = end.min(c_at + chunk.len() as u64);
+            if to <= from {
+                return false;
+            }
+            buf[(from - pos) as usize..(to - pos) as usize]
+                .copy_from_slice(&chunk[(from - c_at) as usize..(to - c_at) as usize]);
+        }
+        true
     }
 
     /// Fetches `[at, at + len)` in a few large GETs and keeps its chunks.
@@ -235,6 +345,10 @@ impl Storage for RemoteObject {
             }
         }
         if buf.len() > SMALL {
+            // Fetched ahead by a scan: served from the chunks, else its own exact GET.
+            if inner.cached_span(pos, buf) {
+                return Ok(());
+            }
             return inner.get(pos, buf);
         }
         let mut done = 0;
@@ -291,6 +405,21 @@ impl Storage for RemoteObject {
 
     fn is_local(&self) -> bool {
         false
+    }
+
+    /// The sidecar object `KEY.archfs-index` beside this one, fetched whole into `to`.
+    fn fetch_sidecar(&self, to: &mut std::fs::File) -> std::io::Result<bool> {
+        let location = sidecar_location(&self.inner.name).map_err(std::io::Error::other)?;
+        let options = RemoteOptions {
+            no_sign_request: self.inner.target.signer.is_none(),
+            retry_for: Some(self.inner.target.budget),
+            ..RemoteOptions::default()
+        };
+        let (t, _) = target(&location, &options).map_err(std::io::Error::other)?;
+        self.inner
+            .client
+            .get_to(&t, to)
+            .map_err(std::io::Error::other)
     }
 }
 

@@ -1,5 +1,6 @@
-//! AWS Signature Version 4 for the two requests archfs sends (HEAD and GET, no body, no
-//! query): the few dozen lines of it, rather than an SDK and its async runtime.
+//! AWS Signature Version 4 for the few requests archfs sends (ranged GETs, a listing,
+//! the PUT of an index): the few dozen lines of it, rather than an SDK and its async
+//! runtime.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -8,25 +9,33 @@ use sha2::{Digest, Sha256};
 
 use super::config::Credentials;
 
-/// SHA-256 of an empty body, which every request of ours has.
-pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+/// What of a request is signed.
+pub struct Request<'a> {
+    pub method: &'a str,
+    /// `host[:port]`.
+    pub host: &'a str,
+    /// The path, already percent-encoded.
+    pub uri: &'a str,
+    /// The query, percent-encoded, parameters sorted by name.
+    pub query: &'a str,
+    /// Further headers to sign, lower-case names.
+    pub headers: &'a [(&'a str, &'a str)],
+    pub body: &'a [u8],
+}
 
-/// The headers to add to a request to `host` + `uri` (already percent-encoded) so that
-/// S3 accepts it: `x-amz-date`, `x-amz-content-sha256`, the session token if any, and
-/// `authorization`. `extra` are further headers to sign, lower-case names, sorted.
+/// The headers to add to `req` so that S3 accepts it: `x-amz-date`,
+/// `x-amz-content-sha256`, the session token if any, and `authorization`.
 pub fn sign(
     creds: &Credentials,
     region: &str,
-    method: &str,
-    host: &str,
-    uri: &str,
-    extra: &[(&str, &str)],
+    req: &Request<'_>,
     now: SystemTime,
 ) -> Vec<(&'static str, String)> {
     let (date, stamp) = amz_date(now);
-    let mut headers: Vec<(&str, String)> = vec![("host", host.to_owned())];
-    headers.extend(extra.iter().map(|(k, v)| (*k, v.trim().to_owned())));
-    headers.push(("x-amz-content-sha256", EMPTY_SHA256.to_owned()));
+    let payload = hex(&Sha256::digest(req.body));
+    let mut headers: Vec<(&str, String)> = vec![("host", req.host.to_owned())];
+    headers.extend(req.headers.iter().map(|(k, v)| (*k, v.trim().to_owned())));
+    headers.push(("x-amz-content-sha256", payload.clone()));
     headers.push(("x-amz-date", stamp.clone()));
     if let Some(token) = &creds.session_token {
         headers.push(("x-amz-security-token", token.clone()));
@@ -34,11 +43,11 @@ pub fn sign(
     headers.sort_by(|a, b| a.0.cmp(b.0));
     let signed: Vec<&str> = headers.iter().map(|h| h.0).collect();
     let signed = signed.join(";");
-    let mut canonical = format!("{method}\n{uri}\n\n");
+    let mut canonical = format!("{}\n{}\n{}\n", req.method, req.uri, req.query);
     for (k, v) in &headers {
         canonical.push_str(&format!("{k}:{v}\n"));
     }
-    canonical.push_str(&format!("\n{signed}\n{EMPTY_SHA256}"));
+    canonical.push_str(&format!("\n{signed}\n{payload}"));
     let scope = format!("{date}/{region}/s3/aws4_request");
     let to_sign = format!(
         "AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}",
@@ -52,10 +61,7 @@ pub fn sign(
         key = hmac(&key, part.as_bytes());
     }
     let signature = hex(&hmac(&key, to_sign.as_bytes()));
-    let mut out = vec![
-        ("x-amz-date", stamp),
-        ("x-amz-content-sha256", EMPTY_SHA256.to_owned()),
-    ];
+    let mut out = vec![("x-amz-date", stamp), ("x-amz-content-sha256", payload)];
     if let Some(token) = &creds.session_token {
         out.push(("x-amz-security-token", token.clone()));
     }
@@ -118,15 +124,15 @@ mod tests {
         };
         // 2013-05-24T00:00:00Z
         let now = UNIX_EPOCH + Duration::from_secs(1_369_353_600);
-        let h = sign(
-            &creds,
-            "us-east-1",
-            "GET",
-            "examplebucket.s3.amazonaws.com",
-            "/test.txt",
-            &[("range", "bytes=0-9")],
-            now,
-        );
+        let req = Request {
+            method: "GET",
+            host: "examplebucket.s3.amazonaws.com",
+            uri: "/test.txt",
+            query: "",
+            headers: &[("range", "bytes=0-9")],
+            body: b"",
+        };
+        let h = sign(&creds, "us-east-1", &req, now);
         let auth = &h.iter().find(|h| h.0 == "authorization").unwrap().1;
         assert_eq!(
             auth,

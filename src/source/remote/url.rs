@@ -8,6 +8,9 @@ use std::path::Path;
 pub enum Location {
     /// A key in a bucket, reached through the configured S3 endpoint and signed.
     S3 { bucket: String, key: String },
+    /// The objects directly under a prefix (`s3://BUCKET/PREFIX/`, or a whole bucket):
+    /// a union, like a local directory of archives.
+    S3Prefix { bucket: String, prefix: String },
     /// A plain URL, read anonymously.
     Http { url: String },
 }
@@ -18,19 +21,20 @@ impl Location {
         let name = name.to_str()?;
         if let Some(rest) = name.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-            return Some(
-                if bucket.is_empty() || key.is_empty() || key.ends_with('/') {
-                    Err(format!(
-                        "{name} names no object: write s3://BUCKET/KEY (a prefix ending in / \
-                     is not supported yet)"
-                    ))
-                } else {
-                    Ok(Location::S3 {
-                        bucket: bucket.to_owned(),
-                        key: key.to_owned(),
-                    })
-                },
-            );
+            let (bucket, key) = (bucket.to_owned(), key.to_owned());
+            return Some(if bucket.is_empty() {
+                Err(format!(
+                    "{name} names no bucket: write s3://BUCKET/KEY, or s3://BUCKET/PREFIX/ \
+                     for the archives under a prefix"
+                ))
+            } else if key.is_empty() || key.ends_with('/') {
+                Ok(Location::S3Prefix {
+                    bucket,
+                    prefix: key,
+                })
+            } else {
+                Ok(Location::S3 { bucket, key })
+            });
         }
         let lower = name.get(..8).unwrap_or(name).to_ascii_lowercase();
         if lower.starts_with("http://") || lower.starts_with("https://") {
@@ -49,6 +53,7 @@ impl Location {
     pub fn name(&self) -> String {
         match self {
             Location::S3 { bucket, key } => format!("s3://{bucket}/{key}"),
+            Location::S3Prefix { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
             Location::Http { url } => url.clone(),
         }
     }
@@ -103,11 +108,22 @@ mod tests {
             Location::parse(Path::new("s3://b/d/e f.tar")),
             s3("b", "d/e f.tar")
         );
-        assert!(matches!(Location::parse(Path::new("s3://b")), Some(Err(_))));
         assert!(matches!(
-            Location::parse(Path::new("s3://b/")),
+            Location::parse(Path::new("s3:///k")),
             Some(Err(_))
         ));
+        let prefix = |b: &str, p: &str| {
+            Some(Ok(Location::S3Prefix {
+                bucket: b.into(),
+                prefix: p.into(),
+            }))
+        };
+        assert_eq!(Location::parse(Path::new("s3://b")), prefix("b", ""));
+        assert_eq!(Location::parse(Path::new("s3://b/")), prefix("b", ""));
+        assert_eq!(
+            Location::parse(Path::new("s3://b/shards/")),
+            prefix("b", "shards/")
+        );
         assert!(matches!(
             Location::parse(Path::new("HTTPS://h.example/x.tar")),
             Some(Ok(Location::Http { .. }))
