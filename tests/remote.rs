@@ -609,3 +609,52 @@ fn a_server_gone_mid_epoch_gives_eio_within_the_retry_budget() {
     let arg = mnt.as_os_str().as_encoded_bytes();
     assert!(wait_for(30, || pids_with_args(&[arg]).is_empty()));
 }
+
+/// A large file read through, with no node-local copy: the object store sees a request
+/// per couple of MiB (the stream is fetched ahead of itself), not one per FUSE read of
+/// 128 KiB; and the bytes are right.
+#[test]
+fn a_large_file_read_through_costs_few_requests() {
+    let dir = TempDir::new("remote-stream");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let size = 40 << 20;
+    std::fs::write(root.join("big"), xorshift_bytes(9)(size)).unwrap();
+    let tar = dir.join("b.tar");
+    tar_of(&root, ".", &tar);
+    let img = dir.join("b.sqfs");
+    mksquashfs(&root, &img, &["-noD"]);
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "b.tar", &tar);
+    s3.put("data", "b.sqfs", &img);
+    for key in ["b.tar", "b.sqfs"] {
+        let log = dir.join(format!("{key}.log"));
+        let mnt = dir.join(format!("mnt-{key}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .env("ARCHFS_LOG", "info")
+            .args(["mount", &format!("s3://data/{key}")])
+            .arg(&mnt)
+            .args(["--preload=never", "--log"])
+            .arg(&log);
+        run_ok(&mut cmd);
+        let m = Mount { path: mnt };
+        assert!(
+            std::fs::read(m.path.join("big")).unwrap() == std::fs::read(root.join("big")).unwrap()
+        );
+        drop(m);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let requests: u64 = text
+            .split("object storage: ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{key}: no request count in {text}"));
+        eprintln!("{key}: {requests} requests for {} MiB", size >> 20);
+        // One per FUSE read would be 320.
+        assert!(requests <= 80, "{key}: {requests} requests");
+    }
+}

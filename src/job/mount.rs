@@ -177,6 +177,12 @@ impl Mount {
         if self.prepared.created {
             let _ = std::fs::remove_dir(&self.prepared.path);
         }
+        if let Some((requests, bytes)) = crate::source::remote_totals() {
+            tracing::info!(
+                "object storage: {requests} requests, {:.1} MB fetched",
+                bytes as f64 / 1e6
+            );
+        }
     }
 }
 

@@ -16,7 +16,9 @@ pub use buf::Buf;
 #[cfg(test)]
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
-pub use remote::{is_url, list_prefix, put_sidecar, RemoteObject, RemoteOptions, SIDECAR};
+pub use remote::{
+    is_url, list_prefix, put_sidecar, remote_totals, RemoteObject, RemoteOptions, SIDECAR,
+};
 
 use crate::error::{Error, Result};
 

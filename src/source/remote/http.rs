@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -13,6 +14,16 @@ use ureq::tls::{RootCerts, TlsConfig};
 
 use super::config::Credentials;
 use super::sigv4;
+
+/// Requests answered, and body bytes read, by every client of the process.
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Requests answered and body bytes read so far; `None` before the first.
+pub fn totals() -> Option<(u64, u64)> {
+    let n = REQUESTS.load(Ordering::Relaxed);
+    (n > 0).then(|| (n, BYTES.load(Ordering::Relaxed)))
+}
 
 /// Requests in flight at once, for all objects of a mount ([`Client::shared`]).
 const IN_FLIGHT: usize = 32;
@@ -144,7 +155,9 @@ impl Client {
             resp.body_mut()
                 .as_reader()
                 .read_exact(buf)
-                .map_err(|e| Failure::Retry(format!("reading the response: {e}")))
+                .map_err(|e| Failure::Retry(format!("reading the response: {e}")))?;
+            BYTES.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            Ok(())
         })
     }
 
@@ -162,7 +175,8 @@ impl Client {
             let again = |e: std::io::Error| Failure::Retry(format!("reading the response: {e}"));
             out.set_len(0).and_then(|()| out.rewind()).map_err(again)?;
             let mut body = resp.body_mut().with_config().limit(u64::MAX).reader();
-            std::io::copy(&mut body, out).map_err(again)?;
+            let n = std::io::copy(&mut body, out).map_err(again)?;
+            BYTES.fetch_add(n, Ordering::Relaxed);
             out.flush().map_err(again)?;
             Ok(true)
         })
@@ -251,6 +265,7 @@ impl Client {
                         classify(t, call, &mut resp).and_then(|()| done(&mut resp))
                     })
             };
+            REQUESTS.fetch_add(1, Ordering::Relaxed);
             match result {
                 Ok(v) => return Ok(v),
                 Err(Failure::Final(why)) => return Err(format!("{what}: {why}")),

@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex};
 use super::Storage;
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
+pub use http::totals as remote_totals;
 pub use url::is_url;
 use url::Location;
 
@@ -36,6 +37,11 @@ const CHUNK_CACHE: usize = 64 << 20;
 const AHEAD_GET: u64 = 4 << 20;
 /// Threads that fetch read-ahead, for all objects.
 const AHEAD_THREADS: usize = 4;
+/// How far a sequential stream of large reads (a big file, read through) is fetched
+/// ahead of itself, so it costs a round trip per this much rather than per FUSE read.
+const STREAM_AHEAD: u64 = 2 << 20;
+/// Sequential streams followed per object.
+const STREAMS: usize = 16;
 
 /// How to reach remote archives, from the command line.
 #[derive(Clone, Debug, Default)]
@@ -66,6 +72,12 @@ struct Inner {
     mtime: i64,
     chunks: BlockCache<Vec<u8>>,
     stage: Option<Arc<stage::Stage>>,
+    /// Where recent large reads ended, and how far past that was fetched ahead.
+    streams: Mutex<Vec<(u64, u64)>>,
+    /// Spans whose GETs into the chunks are under way: a read of them waits for those
+    /// rather than fetching the bytes a second time.
+    pending: Mutex<Vec<(u64, u64)>>,
+    landed: Condvar,
 }
 
 impl RemoteObject {
@@ -116,6 +128,9 @@ impl RemoteObject {
                 etag: meta.etag,
                 mtime: meta.mtime,
                 chunks: BlockCache::new("remote chunk", CHUNK_CACHE),
+                streams: Mutex::new(Vec::with_capacity(STREAMS)),
+                pending: Mutex::new(Vec::new()),
+                landed: Condvar::new(),
             }),
         })
     }
@@ -288,12 +303,46 @@ impl Inner {
             .map_err(|e| std::io::Error::other(e.to_string()))
     }
 
-    /// Fills `buf` from `pos` if every chunk it spans is cached.
+    /// Notes a large read of `[pos, pos + len)`; when it continues an earlier one (a
+    /// file read through), the span to fetch ahead of the stream.
+    fn follow(&self, pos: u64, len: u64) -> Option<(u64, u64)> {
+        let end = pos + len;
+        let mut streams = self.streams.lock();
+        let Some(s) = streams.iter_mut().find(|(e, _)| *e == pos) else {
+            if streams.len() == STREAMS {
+                streams.remove(0);
+            }
+            streams.push((end, end));
+            return None;
+        };
+        s.0 = end;
+        if s.1 >= end + STREAM_AHEAD / 2 {
+            return None;
+        }
+        let from = s.1.max(end);
+        s.1 = end + STREAM_AHEAD;
+        Some((from, end + STREAM_AHEAD - from))
+    }
+
+    /// Fills `buf` from `pos` if every chunk it spans is cached, or about to be (a GET
+    /// of them under way).
     fn cached_span(&self, pos: u64, buf: &mut [u8]) -> bool {
         let end = pos + buf.len() as u64;
         let mut held = Vec::new();
         for c in pos / CHUNK..end.div_ceil(CHUNK) {
-            match self.chunks.get(c) {
+            let chunk = self.chunks.get(c).or_else(|| {
+                let (at, to) = (c * CHUNK, (c + 1) * CHUNK);
+                let mut pending = self.pending.lock();
+                while pending
+                    .iter()
+                    .any(|&(f, t)| f <= at && to.min(self.size) <= t)
+                {
+                    self.landed.wait(&mut pending);
+                }
+                drop(pending);
+                self.chunks.get(c)
+            });
+            match chunk {
                 Some(chunk) => held.push(chunk),
                 None => return false,
             }
@@ -311,28 +360,61 @@ impl Inner {
         true
     }
 
+    /// Fetches the chunks of `[at, at + len)` in one GET (up to [`AHEAD_GET`]) and keeps
+    /// them; reads of them wait meanwhile. On failure (`false`), the reader that needs
+    /// the bytes fetches them itself and reports.
+    fn fetch_span(&self, at: u64, len: u64) -> bool {
+        let from = at - at % CHUNK;
+        let to = (at + len).min(self.size).min(from + AHEAD_GET);
+        let to = if to < self.size {
+            to.div_ceil(CHUNK) * CHUNK
+        } else {
+            to
+        };
+        let to = to.min(self.size);
+        if to <= from {
+            return true;
+        }
+        self.pending.lock().push((from, to));
+        let mut buf = vec![0u8; (to - from) as usize];
+        let fetched = self.get(from, &mut buf).is_ok();
+        if fetched {
+            for (i, piece) in buf.chunks(CHUNK as usize).enumerate() {
+                let c = from / CHUNK + i as u64;
+                let _ = self.chunks.get_or_load(c, || Ok(piece.to_vec()));
+            }
+        }
+        let mut pending = self.pending.lock();
+        if let Some(i) = pending.iter().position(|&p| p == (from, to)) {
+            pending.swap_remove(i);
+        }
+        drop(pending);
+        self.landed.notify_all();
+        fetched
+    }
+
     /// Fetches `[at, at + len)` in a few large GETs and keeps its chunks.
     fn fetch_ahead(&self, at: u64, len: u64) {
-        let first = at / CHUNK;
         let last = (at + len).min(self.size).div_ceil(CHUNK);
-        let mut c = first;
+        let mut c = at / CHUNK;
         while c < last {
             if self.chunks.get(c).is_some() {
                 c += 1;
                 continue;
             }
             let n = (AHEAD_GET / CHUNK).min(last - c);
-            let from = c * CHUNK;
-            let to = ((c + n) * CHUNK).min(self.size);
-            let mut buf = vec![0u8; (to - from) as usize];
-            if self.get(from, &mut buf).is_err() {
-                return; // the reader that needs these bytes fetches them and reports
-            }
-            for (i, piece) in buf.chunks(CHUNK as usize).enumerate() {
-                let _ = self.chunks.get_or_load(c + i as u64, || Ok(piece.to_vec()));
+            if !self.fetch_span(c * CHUNK, n * CHUNK) {
+                return;
             }
             c += n;
         }
+    }
+}
+
+impl RemoteObject {
+    /// Whether the node-local copy is being made (and will soon hold what is read).
+    fn copying(&self) -> bool {
+        self.inner.stage.as_ref().is_some_and(|s| s.copying())
     }
 }
 
@@ -345,9 +427,21 @@ impl Storage for RemoteObject {
             }
         }
         if buf.len() > SMALL {
-            // Fetched ahead by a scan: served from the chunks, else its own exact GET.
+            // Fetched ahead (by a scan, or for a stream of reads through a large file):
+            // served from the chunks, else its own exact GET.
+            let ahead = inner.follow(pos, buf.len() as u64);
             if inner.cached_span(pos, buf) {
+                if let Some((from, len)) = ahead {
+                    self.will_need(from, len);
+                }
                 return Ok(());
+            }
+            // The next part of a stream: fetched with what follows it, in one GET.
+            if let Some((from, len)) = ahead.filter(|_| !self.copying()) {
+                let _ = inner.fetch_span(pos, from + len - pos);
+                if inner.cached_span(pos, buf) {
+                    return Ok(());
+                }
             }
             return inner.get(pos, buf);
         }
@@ -388,7 +482,7 @@ impl Storage for RemoteObject {
     }
 
     fn will_need(&self, at: u64, len: u64) {
-        if !self.inner.stage.as_ref().is_some_and(|s| s.copying()) {
+        if !self.copying() {
             ahead().push(self.inner.clone(), at, len);
         }
     }
