@@ -658,3 +658,54 @@ fn a_large_file_read_through_costs_few_requests() {
         assert!(requests <= 80, "{key}: {requests} requests");
     }
 }
+
+/// The first mount of a tar (no index anywhere) scans it while the node-local copy is
+/// made: the scan reads the copy's bytes as they land, so the object is fetched about
+/// once in all, not once for the scan and once for the copy.
+#[test]
+fn a_first_mount_fetches_the_archive_about_once() {
+    let dir = TempDir::new("remote-once");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut bytes = xorshift_bytes(13);
+    for i in 0..1500 {
+        let sub = root.join(format!("c{}", i % 10));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("{i:05}.jpg")), bytes(60_000 + i * 37)).unwrap();
+    }
+    let tar = dir.join("once.tar");
+    tar_of(&root, ".", &tar);
+    let size = std::fs::metadata(&tar).unwrap().len();
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "once.tar", &tar);
+    let log = dir.join("once.log");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut cmd = archfs();
+    s3.apply_env(&mut cmd)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("ARCHFS_LOG", "info")
+        .args(["mount", "s3://data/once.tar"])
+        .arg(&mnt)
+        .arg("--log")
+        .arg(&log);
+    run_ok(&mut cmd);
+    let m = Mount { path: mnt };
+    assert!(wait_for(120, || std::fs::read_to_string(&log)
+        .is_ok_and(|t| t.contains("copied to this node"))));
+    let ex = dir.join("ex");
+    extract(&tar, &ex);
+    common::suite::check_mount(&ex, &m.path, &CompareOpts::default(), "first mount");
+    drop(m);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let fetched: f64 = text
+        .split("requests, ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {text}"));
+    let ratio = fetched * 1e6 / size as f64;
+    eprintln!("fetched {fetched} MB of a {size}-byte object: {ratio:.2}x");
+    assert!(ratio < 1.15, "fetched {ratio:.2}x the object");
+}
