@@ -24,6 +24,7 @@ pub mod fuse;
 pub mod job;
 pub mod memory;
 pub mod open;
+pub mod progress;
 pub mod source;
 pub mod squashfs;
 pub mod tar;

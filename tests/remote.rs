@@ -282,7 +282,7 @@ fn the_node_local_copy_serves_every_read_once_made() {
         run_ok(&mut cmd);
         let m = Mount { path: mnt };
         let copied = wait_for(120, || {
-            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("copied to this node"))
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains(": copied to this node, "))
         });
         assert!(
             copied,
@@ -693,7 +693,7 @@ fn a_first_mount_fetches_the_archive_about_once() {
     run_ok(&mut cmd);
     let m = Mount { path: mnt };
     assert!(wait_for(120, || std::fs::read_to_string(&log)
-        .is_ok_and(|t| t.contains("copied to this node"))));
+        .is_ok_and(|t| t.contains(": copied to this node, "))));
     let ex = dir.join("ex");
     extract(&tar, &ex);
     common::suite::check_mount(&ex, &m.path, &CompareOpts::default(), "first mount");

@@ -203,7 +203,9 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
         Some(pid) if !s.shared => watch_owner(pid, tx.clone()),
         _ => Ok(()),
     }
-    .and_then(|()| open_and_mount(s, tx.clone()));
+    // A progress bar of the node-local copy where someone watches: a foreground server
+    // with its log on the terminal.
+    .and_then(|()| open_and_mount(s, tx.clone(), ready_fd.is_none() && log.is_none()));
     let (mut mount, plan) = match mount {
         Ok(m) => m,
         Err(msg) if ready_fd.is_some() => {
@@ -268,7 +270,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
     init_logging(s.debug, false);
     let (tx, rx) = channel();
     watch_signals(&FORWARDED, tx.clone());
-    let (mut mount, plan) = open_and_mount(s, tx.clone())?;
+    let (mut mount, plan) = open_and_mount(s, tx.clone(), false)?;
     if let Some(plan) = plan {
         plan.start();
     }
@@ -444,6 +446,7 @@ fn job_directory(archive: &Path, suffix: &str) -> PathBuf {
 fn open_and_mount(
     s: &Settings,
     events: Sender<Event>,
+    progress: bool,
 ) -> Result<(Mount, Option<preload::Plan>), String> {
     if s.index.is_some() && s.archives.len() > 1 {
         return Err(
@@ -463,6 +466,7 @@ fn open_and_mount(
             stage: s.preload != Preload::Never,
             stage_dir: s.stage_dir.clone(),
             retry_for: Some(s.retry_for),
+            progress,
         },
     };
     let archive =

@@ -483,19 +483,11 @@ pub fn open(
         ),
     }
     let started = Instant::now();
+    let label = format!("indexing {}", source.path().display());
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut progress = |pos: u64| {
         if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
-            let b = indicatif::ProgressBar::with_draw_target(
-                Some(archive_len),
-                indicatif::ProgressDrawTarget::stderr(),
-            );
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "indexing {prefix} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
+            let b = crate::progress::bar(label.clone(), archive_len);
             bar = Some(b);
         }
         if let Some(b) = &bar {

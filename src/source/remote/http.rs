@@ -260,7 +260,7 @@ impl Client {
             let result = {
                 let _slot = self.slot();
                 self.once(t, call, left.max(Duration::from_secs(1)))
-                    .map_err(|e| Failure::Retry(e.to_string()))
+                    .map_err(transport)
                     .and_then(|mut resp| {
                         classify(t, call, &mut resp).and_then(|()| done(&mut resp))
                     })
@@ -387,6 +387,24 @@ enum Failure {
     /// Worth another attempt.
     Retry(String),
     Final(String),
+}
+
+/// A request that got no answer: worth retrying (a reset, a timeout, a refused
+/// connection), unless the server's certificate is not trusted, which no retry mends.
+fn transport(e: ureq::Error) -> Failure {
+    let said = e.to_string();
+    let tls =
+        matches!(e, ureq::Error::Rustls(_) | ureq::Error::Tls(_)) || said.contains("certificate");
+    if tls {
+        return Failure::Final(format!(
+            "{said}; the server's TLS certificate is not trusted: point AWS_CA_BUNDLE (or \
+             ca_bundle in the profile, or SSL_CERT_FILE) at your site's CA bundle"
+        ));
+    }
+    match e {
+        ureq::Error::BadUri(_) | ureq::Error::RequireHttpsOnly(_) => Failure::Final(said),
+        _ => Failure::Retry(said),
+    }
 }
 
 fn no_ranges(status: u16) -> Failure {

@@ -54,6 +54,8 @@ pub struct RemoteOptions {
     pub stage_dir: Option<PathBuf>,
     /// How long one request may be retried before its read fails (default 60 s).
     pub retry_for: Option<std::time::Duration>,
+    /// Show the copy's progress on the terminal (a foreground server).
+    pub progress: bool,
 }
 
 /// An object in S3 or at an HTTP(S) URL.
@@ -116,6 +118,7 @@ impl RemoteObject {
                 meta.etag.clone(),
                 meta.size,
                 options.stage_dir.as_deref(),
+                options.progress,
             )
         });
         Ok(RemoteObject {

@@ -36,6 +36,8 @@ pub struct Stage {
     failed: AtomicBool,
     lock: Mutex<()>,
     arrived: Condvar,
+    /// On the terminal of a foreground server.
+    bar: Option<indicatif::ProgressBar>,
 }
 
 /// What a read found in the copy.
@@ -55,6 +57,7 @@ impl Stage {
         etag: Option<String>,
         size: u64,
         dir: Option<&Path>,
+        progress: bool,
     ) -> Option<Arc<Stage>> {
         if size == 0 {
             return None;
@@ -79,6 +82,9 @@ impl Stage {
             failed: AtomicBool::new(false),
             lock: Mutex::new(()),
             arrived: Condvar::new(),
+            bar: progress.then(|| {
+                crate::progress::bar(format!("copying {} to this node", target.name), size)
+            }),
         });
         pool().add(Job {
             stage: stage.clone(),
@@ -113,7 +119,26 @@ impl Stage {
             let _g = self.lock.lock();
             self.arrived.notify_all();
         }
+        if let Some(b) = &self.bar {
+            b.inc(buf.len() as u64);
+        }
+        // A line in the log at every tenth.
+        let pieces = self.done.len() as u64;
+        let tenths = |left: u64| (pieces - left) * 10 / pieces;
+        if left > 0 && tenths(left) > tenths(left + 1) {
+            let secs = job.start.elapsed().as_secs_f64();
+            let copied = (pieces - left) * PIECE;
+            tracing::info!(
+                "{}: {}0% copied to this node ({:.0} MB/s)",
+                job.target.name,
+                tenths(left),
+                copied as f64 / 1e6 / secs.max(1e-3)
+            );
+        }
         if left == 0 {
+            if let Some(b) = &self.bar {
+                b.finish_and_clear();
+            }
             let secs = job.start.elapsed().as_secs_f64();
             tracing::info!(
                 "{}: copied to this node, {:.1} MB in {secs:.1} s ({:.0} MB/s)",
@@ -126,6 +151,9 @@ impl Stage {
     }
 
     fn fail(&self) {
+        if let Some(b) = &self.bar {
+            b.abandon();
+        }
         self.failed.store(true, Ordering::Relaxed);
         let _g = self.lock.lock();
         self.arrived.notify_all();
