@@ -178,11 +178,50 @@ pub fn open_many(
         index: None,
         ..options.clone()
     };
-    let members = files
-        .iter()
-        .map(|f| open_with(f, &per_member, &options))
-        .collect::<Result<Vec<_>>>()?;
+    let members = open_side_by_side(&files, &per_member, &options)?;
     Ok(Arc::new(Union::new(members)?))
+}
+
+/// Archives opened a few at a time: an open waits on round trips to an object store
+/// (or on a saved index from a parallel filesystem), which overlap; the first error in
+/// name order is the one reported.
+fn open_side_by_side(
+    files: &[PathBuf],
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Vec<Arc<dyn Archive>>> {
+    const AT_ONCE: usize = 16;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    type Slot = std::sync::Mutex<Option<Result<Arc<dyn Archive>>>>;
+    let slots: Vec<Slot> = files.iter().map(|_| Slot::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..AT_ONCE.min(files.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(f) = files.get(i) else { break };
+                let opened = open_with(f, cache, options);
+                let failed = opened.is_err();
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(opened);
+                if failed {
+                    // The rest need not be opened; later ones still finish what they hold.
+                    next.store(files.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let mut members = Vec::with_capacity(files.len());
+    for slot in slots {
+        match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(opened) => members.push(opened?),
+            // Left after an error, which comes first in name order.
+            None => {
+                return Err(Error::Unsupported(
+                    "an archive of the union was not opened".into(),
+                ))
+            }
+        }
+    }
+    Ok(members)
 }
 
 /// Builds (or loads) the index of the tar archive `path` and keeps it where every later

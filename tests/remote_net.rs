@@ -159,6 +159,8 @@ fn an_untrusted_certificate_fails_at_once_and_says_what_to_do() {
     let err = one_line_error(&out, "info without the CA");
     let took = t.elapsed();
     assert!(err.contains("AWS_CA_BUNDLE"), "{err}");
+    // The proxy logs the refused handshake on its own time.
+    wait_for(30, || proxy.count("tls-fail") > 0);
     assert_eq!(
         proxy.count("tls-fail"),
         1,

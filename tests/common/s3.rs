@@ -327,6 +327,14 @@ impl S3Server {
         self.client(&[os("put"), os(bucket), os(key), path.as_os_str()], None);
     }
 
+    /// Uploads every file of `dir` as `prefix` + its name, several at a time.
+    pub fn put_dir(&self, bucket: &str, prefix: &str, dir: &Path) {
+        self.client(
+            &[os("putdir"), os(bucket), os(prefix), dir.as_os_str()],
+            None,
+        );
+    }
+
     pub fn put_bytes(&self, bucket: &str, key: &str, data: &[u8]) {
         self.client(&["putb", bucket, key], Some(data));
     }
@@ -858,6 +866,12 @@ def main(argv):
     elif op == "put":
         # Multipart above 8 MiB (boto3's threshold): the ETag then ends in -PARTS.
         c.upload_file(args[2], args[0], args[1])
+    elif op == "putdir":
+        from concurrent.futures import ThreadPoolExecutor
+        names = sorted(os.listdir(args[2]))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: c.upload_file(os.path.join(args[2], n), args[0],
+                                                  args[1] + n), names))
     elif op == "putb":
         c.put_object(Bucket=args[0], Key=args[1], Body=sys.stdin.buffer.read())
     elif op == "rm":

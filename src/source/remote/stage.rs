@@ -38,6 +38,10 @@ pub struct Stage {
     arrived: Condvar,
     /// On the terminal of a foreground server.
     bar: Option<indicatif::ProgressBar>,
+    client: Arc<Client>,
+    target: Target,
+    etag: Option<String>,
+    start: Instant,
 }
 
 /// What a read found in the copy.
@@ -85,31 +89,29 @@ impl Stage {
             bar: progress.then(|| {
                 crate::progress::bar(format!("copying {} to this node", target.name), size)
             }),
-        });
-        pool().add(Job {
-            stage: stage.clone(),
             client,
             target,
             etag,
             start: Instant::now(),
         });
+        pool().add(stage.clone());
         Some(stage)
     }
 
-    /// Copies piece `p` for `job`; false when the copy failed.
-    fn copy(&self, job: &Job, p: u64, buf: &mut Vec<u8>) -> bool {
+    /// Copies piece `p`; false when the copy failed.
+    fn copy(&self, p: u64, buf: &mut Vec<u8>) -> bool {
         let at = p * PIECE;
         buf.resize(PIECE.min(self.size - at) as usize, 0);
-        let fetched = job
+        let fetched = self
             .client
-            .get(&job.target, job.etag.as_deref(), at, buf)
+            .get(&self.target, self.etag.as_deref(), at, buf)
             .and_then(|()| {
                 self.file
                     .write_all_at(buf, at)
                     .map_err(|e| format!("writing the node-local copy: {e}"))
             });
         if let Err(e) = fetched {
-            tracing::warn!("{}: the copy to this node stopped: {e}", job.target.name);
+            tracing::warn!("{}: the copy to this node stopped: {e}", self.target.name);
             self.fail();
             return false;
         }
@@ -126,11 +128,11 @@ impl Stage {
         let pieces = self.done.len() as u64;
         let tenths = |left: u64| (pieces - left) * 10 / pieces;
         if left > 0 && tenths(left) > tenths(left + 1) {
-            let secs = job.start.elapsed().as_secs_f64();
+            let secs = self.start.elapsed().as_secs_f64();
             let copied = (pieces - left) * PIECE;
             tracing::info!(
                 "{}: {}0% copied to this node ({:.0} MB/s)",
-                job.target.name,
+                self.target.name,
                 tenths(left),
                 copied as f64 / 1e6 / secs.max(1e-3)
             );
@@ -139,10 +141,10 @@ impl Stage {
             if let Some(b) = &self.bar {
                 b.finish_and_clear();
             }
-            let secs = job.start.elapsed().as_secs_f64();
+            let secs = self.start.elapsed().as_secs_f64();
             tracing::info!(
                 "{}: copied to this node, {:.1} MB in {secs:.1} s ({:.0} MB/s)",
-                job.target.name,
+                self.target.name,
                 self.size as f64 / 1e6,
                 self.size as f64 / 1e6 / secs.max(1e-3)
             );
@@ -167,9 +169,23 @@ impl Stage {
         let (first, last) = (pos / PIECE, (pos + buf.len() as u64 - 1) / PIECE);
         let staged = |p: u64| self.done[p as usize].load(Ordering::Acquire);
         if !(first..=last).all(staged) {
-            // Wait only for pieces a worker has taken; the rest may be far off.
-            if (first..=last).any(|p| !staged(p) && p >= self.next.load(Ordering::Relaxed)) {
-                return Ok(Found::Fetch);
+            // Wait only for pieces taken; the rest may be far off. A read of the very
+            // next piece (a scan at the front of the copy) takes it and copies it here,
+            // rather than fetching its own span and the copy the piece again.
+            let untaken = |p: u64| !staged(p) && p >= self.next.load(Ordering::Relaxed);
+            if (first..=last).any(untaken) {
+                let claimed = first == last
+                    && self
+                        .next
+                        .compare_exchange(first, first + 1, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok();
+                if !claimed {
+                    return Ok(Found::Fetch);
+                }
+                let mut piece = Vec::new();
+                if !self.copy(first, &mut piece) {
+                    return Ok(Found::Fetch);
+                }
             }
             let mut g = self.lock.lock();
             while !(first..=last).all(staged) {
@@ -200,19 +216,10 @@ impl Stage {
     }
 }
 
-/// A copy to make, and how to fetch it.
-struct Job {
-    stage: Arc<Stage>,
-    client: Arc<Client>,
-    target: Target,
-    etag: Option<String>,
-    start: Instant,
-}
-
 /// The threads that make the copies of every object of the process, oldest object first:
 /// a union of many objects copies a few pieces at a time, not a few per object.
 struct Pool {
-    jobs: Mutex<VecDeque<Arc<Job>>>,
+    jobs: Mutex<VecDeque<Arc<Stage>>>,
     queued: Condvar,
 }
 
@@ -233,31 +240,30 @@ fn pool() -> &'static Pool {
 }
 
 impl Pool {
-    fn add(&self, job: Job) {
-        self.jobs.lock().push_back(Arc::new(job));
+    fn add(&self, stage: Arc<Stage>) {
+        self.jobs.lock().push_back(stage);
         self.queued.notify_all();
     }
 
     fn work(&self) {
         let mut buf = Vec::new();
         loop {
-            let (job, p) = {
+            let (stage, p) = {
                 let mut jobs = self.jobs.lock();
                 loop {
-                    let Some(job) = jobs.front().cloned() else {
+                    let Some(st) = jobs.front().cloned() else {
                         self.queued.wait(&mut jobs);
                         continue;
                     };
-                    let st = &job.stage;
                     let p = st.next.fetch_add(1, Ordering::Relaxed);
                     if p as usize >= st.done.len() || st.failed.load(Ordering::Relaxed) {
                         jobs.pop_front(); // every piece taken: on to the next object
                         continue;
                     }
-                    break (job, p);
+                    break (st, p);
                 }
             };
-            job.stage.copy(&job, p, &mut buf);
+            stage.copy(p, &mut buf);
             if buf.capacity() > 2 * PIECE as usize {
                 buf = Vec::new();
             }
