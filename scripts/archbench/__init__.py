@@ -17,6 +17,12 @@ untarred into /dev/shm.
 a SquashFS image and a plain directory; metadata walks, ImageFolder, first epochs, and the
 tar index from 1.28 M to 14 M entries.
 
+`--remote` is another (scripts/archbench/remote.py): archfs on s3:// URLs served by SeaweedFS
+in a network namespace behind an emulated link (round trip and rate, `--remote-links`),
+against copying first (`aws s3 cp`), ratarmount through fsspec/s3fs and rclone mount; time
+to the first batch and to the end of the first epoch, GETs and bytes, beside streaming the
+object once over the same link.
+
 Workloads, each cold (readers started, then page cache dropped and a fresh mount, timed from
 the moment the mount is live) then warm (second pass, same mount):
 shuffled whole-file epochs with 1/2/4 reader processes; 500 single-file read latencies;
@@ -43,6 +49,7 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 #   report     the markdown report
 #   plots      the PNG plots (matplotlib, in the bench venv)
 #   scale      the --scale mode
+#   remote     the --remote mode: s3:// URLs over an emulated network
 #   cli        the flags and the orchestration of a run
 
 import os

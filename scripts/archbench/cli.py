@@ -11,7 +11,7 @@ import signal
 import time
 
 from . import __doc__ as DOC
-from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, plots, scale
+from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, plots, remote, scale
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report
@@ -34,14 +34,14 @@ def parse_args(argv):
     ap.add_argument("--classes", type=int, help="class directories (default: files / 1000, at least 10)")
     ap.add_argument("--quick", action="store_true", help="2,000 files, 30 s cap, 200 latency samples")
     ap.add_argument("--jpeg", action="store_true", help="real decodable JPEGs (Pillow) for torch")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, help="default 3; --remote: 1")
     ap.add_argument("--no-list-first", dest="list_first", action="store_false",
                     help="cold epochs without the untimed listing of the tree that precedes "
                     "them by default (as ImageFolder's index precedes a first epoch); the "
                     "runs before 2026-11-25 had none")
     ap.add_argument("--cap", type=float, help="seconds per tool x workload pass, cold or warm "
-                    "(default 300; --quick 30); a torch call gets it once per epoch and once "
-                    "for ImageFolder")
+                    "(default 300; --quick, --remote 30); a torch call gets it once per epoch "
+                    "and once for ImageFolder")
     ap.add_argument("--workdir", default="/tmp/archfs-bench")
     ap.add_argument("--out", help="markdown report (default WORKDIR/result.md); JSON next to it")
     ap.add_argument("--seed", type=int, default=1)
@@ -67,12 +67,14 @@ def parse_args(argv):
     ap.add_argument("--retry-torch", action="store_true", help="retry a failed torch install")
     ap.add_argument("--torch-install-timeout", type=int, default=1200)
     scale.add_args(ap)
+    remote.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
-    args.files = args.files or (2000 if args.quick else 20000)
+    args.files = args.files or (1000 if args.remote else 2000 if args.quick else 20000)
+    args.runs = args.runs or (1 if args.remote else 3)
     args.classes_given = args.classes
     args.classes = args.classes or max(10, args.files // 1000)
-    args.cap = args.cap or (30 if args.quick else 900 if args.scale else 300)
+    args.cap = args.cap or (30 if args.quick or args.remote else 900 if args.scale else 300)
     args.lat_files = args.lat_files or (200 if args.quick else 500)
     args.readers = [int(x) for x in args.readers.split(",")]
     args.torch_workers = [int(x) for x in args.torch_workers.split(",") if x.strip()]
@@ -80,7 +82,8 @@ def parse_args(argv):
     args.archfs_src = args.archfs_src or (
         WORKTREE if os.path.isdir(WORKTREE) else os.path.dirname(os.path.dirname(SCRIPT)))
     args.workdir = os.path.abspath(args.workdir)
-    args.out = os.path.abspath(args.out or os.path.join(args.workdir, "result.md"))
+    args.out = os.path.abspath(args.out or os.path.join(
+        args.workdir, "remote-result.md" if args.remote else "result.md"))
     return args
 
 
@@ -107,6 +110,9 @@ def main(argv):
         signal.signal(s, on_signal)
     if args.scale:
         scale.main(args)
+        return
+    if args.remote:
+        remote.main(args)
         return
 
     archfs_bin = find_archfs(args)

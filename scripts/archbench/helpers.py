@@ -195,5 +195,12 @@ def helper_imagefolder(argv):
     print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
 
 
+def helper_remote(argv):
+    """_remote relay|s3 ...: the --remote bench's helpers (remote.py)."""
+    from .remote import helper
+    helper(argv)
+
+
 HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
-           "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder}
+           "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
+           "_remote": helper_remote}

@@ -31,8 +31,9 @@ use url::Location;
 const CHUNK: u64 = 128 << 10;
 /// Reads up to this size go through the chunk cache; larger ones fetch their span.
 const SMALL: usize = 64 << 10;
-/// Bytes of chunks kept per object.
-const CHUNK_CACHE: usize = 64 << 20;
+/// Bytes of chunks kept, for all objects of the process together: a union of a thousand
+/// shards holds no more than one object.
+const CHUNK_CACHE: usize = 128 << 20;
 /// One GET of read-ahead.
 const AHEAD_GET: u64 = 4 << 20;
 /// Threads that fetch read-ahead, for all objects.
@@ -72,7 +73,8 @@ struct Inner {
     size: u64,
     etag: Option<String>,
     mtime: i64,
-    chunks: BlockCache<Vec<u8>>,
+    /// What tells this object's chunks from others' in the cache ([`chunks`]).
+    id: u64,
     stage: Option<Arc<stage::Stage>>,
     /// Where recent large reads ended, and how far past that was fetched ahead.
     streams: Mutex<Vec<(u64, u64)>>,
@@ -130,7 +132,10 @@ impl RemoteObject {
                 size: meta.size,
                 etag: meta.etag,
                 mtime: meta.mtime,
-                chunks: BlockCache::new("remote chunk", CHUNK_CACHE),
+                id: {
+                    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                    IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                },
                 streams: Mutex::new(Vec::with_capacity(STREAMS)),
                 pending: Mutex::new(Vec::new()),
                 landed: Condvar::new(),
@@ -282,7 +287,18 @@ fn sidecar_location(name: &Path) -> Result<Location> {
     }
 }
 
+/// The chunks of every object of the process, keyed by [`Inner::key`].
+fn chunks() -> &'static BlockCache<Vec<u8>> {
+    static CHUNKS: OnceLock<BlockCache<Vec<u8>>> = OnceLock::new();
+    CHUNKS.get_or_init(|| BlockCache::new("remote chunk", CHUNK_CACHE))
+}
+
 impl Inner {
+    /// The cache key of chunk `c` of this object: 2^40 chunks of 128 KiB an object.
+    fn key(&self, c: u64) -> u64 {
+        self.id << 40 | c
+    }
+
     fn get(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.client
             .get(&self.target, self.etag.as_deref(), at, buf)
@@ -294,8 +310,8 @@ impl Inner {
 
     /// The chunk `index`, fetched once however many readers want it at the same time.
     fn chunk(&self, index: u64) -> std::io::Result<Arc<Vec<u8>>> {
-        self.chunks
-            .get_or_load(index, || {
+        chunks()
+            .get_or_load(self.key(index), || {
                 let at = index * CHUNK;
                 let mut v = vec![0u8; CHUNK.min(self.size - at) as usize];
                 // The message already names the request; the kind is the caller's (EIO).
@@ -333,7 +349,7 @@ impl Inner {
         let end = pos + buf.len() as u64;
         let mut held = Vec::new();
         for c in pos / CHUNK..end.div_ceil(CHUNK) {
-            let chunk = self.chunks.get(c).or_else(|| {
+            let chunk = chunks().get(self.key(c)).or_else(|| {
                 let (at, to) = (c * CHUNK, (c + 1) * CHUNK);
                 let mut pending = self.pending.lock();
                 while pending
@@ -343,7 +359,7 @@ impl Inner {
                     self.landed.wait(&mut pending);
                 }
                 drop(pending);
-                self.chunks.get(c)
+                chunks().get(self.key(c))
             });
             match chunk {
                 Some(chunk) => held.push(chunk),
@@ -384,7 +400,7 @@ impl Inner {
         if fetched {
             for (i, piece) in buf.chunks(CHUNK as usize).enumerate() {
                 let c = from / CHUNK + i as u64;
-                let _ = self.chunks.get_or_load(c, || Ok(piece.to_vec()));
+                let _ = chunks().get_or_load(self.key(c), || Ok(piece.to_vec()));
             }
         }
         let mut pending = self.pending.lock();
@@ -401,7 +417,7 @@ impl Inner {
         let last = (at + len).min(self.size).div_ceil(CHUNK);
         let mut c = at / CHUNK;
         while c < last {
-            if self.chunks.get(c).is_some() {
+            if chunks().get(self.key(c)).is_some() {
                 c += 1;
                 continue;
             }

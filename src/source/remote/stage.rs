@@ -273,26 +273,37 @@ impl Pool {
 
 /// A nameless file for the copy: a memfd when it fits in 75% of the memory the job may
 /// fill (the preload's rule), else an unlinked file in `dir` (or `$TMPDIR`, `/tmp`) with
-/// room for it.
+/// room for it. The copies of this process count against both as soon as they are
+/// placed, filled or not, so a union of many objects does not promise the same memory
+/// (or disk) to each.
 fn place(size: u64, dir: Option<&Path>) -> Result<File, String> {
-    let fits = crate::memory::available().is_none_or(|free| (size as f64) < free as f64 * 0.75);
+    static IN_MEMORY: AtomicU64 = AtomicU64::new(0);
+    static ON_DISK: AtomicU64 = AtomicU64::new(0);
+    let promised = IN_MEMORY.load(Ordering::Relaxed);
+    let fits = crate::memory::available()
+        .is_none_or(|free| ((promised + size) as f64) < free as f64 * 0.75);
     if fits {
         if let Ok(file) = scratch::memfd() {
+            IN_MEMORY.fetch_add(size, Ordering::Relaxed);
             return Ok(file);
         }
     }
     let dir = dir.map_or_else(scratch::default_dir, Path::to_owned);
     let free = free_bytes(&dir).ok_or_else(|| format!("cannot use {}", dir.display()))?;
+    let free = free.saturating_sub(ON_DISK.load(Ordering::Relaxed));
     if free < size.saturating_add(1 << 30) {
         return Err(format!(
-            "{:.1} GB does not fit in memory nor in {} ({:.1} GB free); give --stage-dir a \
-             node-local disk with room",
+            "{:.1} GB does not fit in memory nor in {} ({:.1} GB free beside the copies \
+             already there); give --stage-dir a node-local disk with room",
             size as f64 / 1e9,
             dir.display(),
             free as f64 / 1e9
         ));
     }
-    scratch::temp_file(&dir).map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))
+    let file = scratch::temp_file(&dir)
+        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
+    ON_DISK.fetch_add(size, Ordering::Relaxed);
+    Ok(file)
 }
 
 fn free_bytes(dir: &Path) -> Option<u64> {
