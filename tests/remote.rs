@@ -760,3 +760,46 @@ for i in range(1005):
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sample 1004\n");
 }
+
+/// A web server that ignores ranges (Python's http.server answers every GET with the
+/// whole file) is named for what it lacks, at once, in one line.
+#[test]
+fn a_server_without_ranges_is_refused_with_one_line() {
+    use std::io::BufRead;
+    let dir = TempDir::new("remote-norange");
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("x.tar"), vec![0u8; 10240]).unwrap();
+    let mut server = Command::new("python3")
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1"])
+        .current_dir(&www)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "Serving HTTP on 127.0.0.1 port 40123 (http://127.0.0.1:40123/) ..."
+    let port = line
+        .split(" port ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let url = format!("http://127.0.0.1:{port}/x.tar");
+    let out = Command::new(archfs_bin())
+        .args(["info", &url])
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&url) && err.contains("does not serve parts of objects"),
+        "{err}"
+    );
+}
