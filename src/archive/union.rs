@@ -10,18 +10,63 @@ use parking_lot::RwLock;
 use super::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
 use crate::error::{Error, Result};
 
-/// Inodes of members live above this bit, tagged with the member; merged directories
-/// below it.
-const MEMBER_SHIFT: u32 = 48;
+/// Inodes of members have this bit set, their member's number in the low 16 bits and
+/// their own number above; merged directories are the small numbers without it. The
+/// member goes low because the kernel hashes FUSE inodes by their low bits: with the
+/// member in bits 48-63, 200,000 files of 1,000 shards fell into some 200 hash chains and
+/// a `find` of them spent 15.8 s in the kernel.
+const MEMBER_BIT: u64 = 1 << 63;
+const MEMBER_BITS: u32 = 16;
 
 type Parts = Vec<(u16, u64)>;
 
 struct MergedDir {
     /// The same directory in each member that has it, in command-line order.
     parts: Parts,
-    /// For directories merged from many members: which members have each name, so a
-    /// lookup does not probe every member (WebDataset mounts hundreds of shards).
-    names: OnceLock<HashMap<Box<[u8]>, Vec<u16>>>,
+    /// For directories merged from many members: where in `parts` each name is, so a
+    /// lookup neither probes nor scans every member (WebDataset mounts thousands of
+    /// shards).
+    names: OnceLock<Names>,
+}
+
+/// Where in a merged directory's `parts` each name is, by the name's hash (a collision
+/// only adds a probe: the member's own lookup decides), so the map copies no name.
+type Names = HashMap<u64, Places>;
+
+/// The parts holding a name: nearly always one.
+enum Places {
+    One(u16),
+    Many(Vec<u16>),
+}
+
+impl Places {
+    fn add(&mut self, part: u16) {
+        match self {
+            Places::One(p) => *self = Places::Many(vec![*p, part]),
+            Places::Many(v) => v.push(part),
+        }
+    }
+
+    fn as_slice(&self) -> &[u16] {
+        match self {
+            Places::One(p) => std::slice::from_ref(p),
+            Places::Many(v) => v,
+        }
+    }
+}
+
+fn name_hash(name: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish()
+}
+
+fn add_name(names: &mut Names, name: &[u8], part: usize) {
+    names
+        .entry(name_hash(name))
+        .and_modify(|p| p.add(part as u16))
+        .or_insert(Places::One(part as u16));
 }
 
 #[derive(Default)]
@@ -72,7 +117,7 @@ impl Union {
     }
 
     fn merged(&self, ino: u64) -> Option<Arc<MergedDir>> {
-        if ino >> MEMBER_SHIFT != 0 {
+        if ino & MEMBER_BIT != 0 {
             return None;
         }
         self.dirs
@@ -83,21 +128,21 @@ impl Union {
     }
 
     fn tag(member: u16, ino: u64) -> Result<u64> {
-        if ino >> MEMBER_SHIFT != 0 {
+        if ino >> (63 - MEMBER_BITS) != 0 {
             return Err(Error::Unsupported(
                 "inode number too large for a union".into(),
             ));
         }
-        Ok((u64::from(member) + 1) << MEMBER_SHIFT | ino)
+        Ok(MEMBER_BIT | ino << MEMBER_BITS | u64::from(member))
     }
 
     fn untag(&self, ino: u64) -> Result<(&dyn Archive, u64)> {
-        let m = (ino >> MEMBER_SHIFT) as usize;
-        let a = m
-            .checked_sub(1)
-            .and_then(|m| self.members.get(m))
-            .ok_or(Error::NotFound)?;
-        Ok((&**a, ino & ((1 << MEMBER_SHIFT) - 1)))
+        if ino & MEMBER_BIT == 0 {
+            return Err(Error::NotFound);
+        }
+        let m = (ino & ((1 << MEMBER_BITS) - 1)) as usize;
+        let a = self.members.get(m).ok_or(Error::NotFound)?;
+        Ok((&**a, (ino & !MEMBER_BIT) >> MEMBER_BITS))
     }
 
     /// Members of `dir` that may hold `name`.
@@ -106,22 +151,21 @@ impl Union {
             return Ok(dir.parts.clone());
         }
         if dir.names.get().is_none() {
-            let mut names: HashMap<Box<[u8]>, Vec<u16>> = HashMap::new();
-            for &(m, ino) in &dir.parts {
+            let mut names = Names::new();
+            for (i, &(m, ino)) in dir.parts.iter().enumerate() {
                 for e in self.members[usize::from(m)].read_dir(ino)? {
-                    names.entry(e.name).or_default().push(m);
+                    add_name(&mut names, &e.name, i);
                 }
             }
             let _ = dir.names.set(names);
         }
         let names = dir.names.get().expect("set above");
         Ok(names
-            .get(name)
-            .map(|ms| {
-                dir.parts
+            .get(&name_hash(name))
+            .map(|at| {
+                at.as_slice()
                     .iter()
-                    .filter(|(m, _)| ms.contains(m))
-                    .copied()
+                    .map(|&i| dir.parts[usize::from(i)])
                     .collect()
             })
             .unwrap_or_default())
@@ -177,37 +221,75 @@ impl Archive for Union {
         self.resolve(found)
     }
 
+    /// Every member's listing, merged: a name's first appearance places it, its last
+    /// decides what it is. Built with one map lookup per entry and no copy of any name
+    /// (1,000 shards of 200 entries: was 0.68 s of allocation, hashing and copying).
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let d = self.merged(dir).ok_or(Error::NotDir)?;
-        let mut by_name: HashMap<Box<[u8]>, Vec<(u16, DirEntry)>> = HashMap::new();
-        let mut order: Vec<Box<[u8]>> = Vec::new();
-        for &(m, ino) in &d.parts {
-            for e in self.members[usize::from(m)].read_dir(ino)? {
-                let slot = by_name.entry(e.name.clone()).or_default();
-                if slot.is_empty() {
-                    order.push(e.name.clone());
+        let mut all: Vec<(u16, DirEntry)> = Vec::new();
+        // The lookups' map, from the same listings, while they are at hand.
+        let mut names = (d.parts.len() > PROBE_LIMIT && d.names.get().is_none()).then(Names::new);
+        for (i, &(m, ino)) in d.parts.iter().enumerate() {
+            let listed = self.members[usize::from(m)].read_dir(ino)?;
+            if let Some(names) = &mut names {
+                for e in &listed {
+                    add_name(names, &e.name, i);
                 }
-                slot.push((m, e));
+            }
+            all.extend(listed.into_iter().map(|e| (m, e)));
+        }
+        if let Some(names) = names {
+            let _ = d.names.set(names);
+        }
+        // Where each name first appears; the later appearances of names in several
+        // members (directories, or a file that a later member replaces).
+        let mut first_of = Vec::with_capacity(all.len());
+        let mut again: Vec<(usize, usize)> = Vec::new();
+        {
+            let mut first: HashMap<&[u8], usize> = HashMap::with_capacity(all.len());
+            for (i, (_, e)) in all.iter().enumerate() {
+                let f = *first.entry(&e.name).or_insert(i);
+                first_of.push(f);
+                if f != i {
+                    again.push((f, i));
+                }
             }
         }
-        let mut out = Vec::with_capacity(order.len());
-        for name in order {
-            let found = &by_name[&name];
-            let (m, last) = found.last().expect("non-empty");
-            let ino = if last.kind == Kind::Dir {
-                let parts = found
+        again.sort_unstable();
+        let mut out = Vec::with_capacity(all.len() - again.len());
+        let mut later = again.iter().peekable();
+        for i in 0..all.len() {
+            if first_of[i] != i {
+                continue;
+            }
+            // Most names are in one member only: no group to gather.
+            let mut group = Vec::new();
+            while let Some(&&(_, j)) = later.peek().filter(|(f, _)| *f == i) {
+                if group.is_empty() {
+                    group.push(i);
+                }
+                group.push(j);
+                later.next();
+            }
+            let last = group.last().copied().unwrap_or(i);
+            let (m, kind, ino) = (all[last].0, all[last].1.kind, all[last].1.ino);
+            let ino = if kind == Kind::Dir {
+                if group.is_empty() {
+                    group.push(i);
+                }
+                let parts = group
                     .iter()
-                    .filter(|(_, e)| e.kind == Kind::Dir)
-                    .map(|(m, e)| (*m, e.ino))
+                    .filter(|&&g| all[g].1.kind == Kind::Dir)
+                    .map(|&g| (all[g].0, all[g].1.ino))
                     .collect();
                 self.dir_id(parts)
             } else {
-                Self::tag(*m, last.ino)?
+                Self::tag(m, ino)?
             };
             out.push(DirEntry {
                 ino,
-                kind: last.kind,
-                name,
+                kind,
+                name: std::mem::take(&mut all[i].1.name),
             });
         }
         Ok(out)
