@@ -3,7 +3,6 @@ tools chosen, the run, then the report, the JSON and the plots."""
 
 import argparse
 import atexit
-import json
 import os
 import shlex
 import shutil
@@ -14,7 +13,7 @@ from . import __doc__ as DOC
 from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, plots, remote, scale
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
-from .report import machine_info, report
+from .report import machine_info, report, save
 from .system import (REG, T_START, Failed, Timeout, force_unmount, hold_guest_memory, log,
                      mounted_paths, sh_out)
 from .tools import (Archfs, Archivemount, FuseArchive, Kernel, PlainDir, Ratarmount, ShmCopy,
@@ -223,16 +222,9 @@ def main(argv):
     b = Bench(args, targets, manifest, torch_ok, paths)
     b.run()
     info = machine_info(args, archfs_bin, paths, manifest, torch_ok)
-    md = report(b, args, info, unavailable)
-    print(md)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(md + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"args": {k: (sorted(v) if isinstance(v, set) else v)
-                            for k, v in vars(args).items()},
-                   "results": b.res, "streams": b.streams, "notes": b.notes,
-                   "unavailable": unavailable}, f, indent=1)
+    save(args.out, report(b, args, info, unavailable),
+         {"args": vars(args), "results": b.res, "streams": b.streams, "notes": b.notes,
+          "unavailable": unavailable})
     plots.draw(plots.EPOCH, os.path.splitext(args.out)[0] + ".json",
                args.plot_dir or os.path.join(args.workdir, "plots"))
     log(f"wrote {args.out} in {time.time() - T_START:.0f} s")

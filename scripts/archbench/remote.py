@@ -70,6 +70,7 @@ from .corpus import build_artifacts, build_dataset, read_manifest, write_list
 from .deps import ensure_venv, venv_has
 from .system import (REG, Failed, Timeout, force_unmount, log, mounted_paths, proc_cmdline,
                      proc_stats, sh, sh_out)
+from .report import save
 from .tools import Archfs, Ratarmount, Target, find_archfs
 from .workloads import read_pass
 
@@ -1120,14 +1121,8 @@ def main(args):
     b = RemoteBench(args, net, server, manifest, tmp)
     b.run(links, keys, tools_for)
     unavailable += net.notes()
-    md = report(b, args, links, keys, header(args, archfs_bin, manifest, keys, unavailable))
-    print(md)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(md + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump({"args": {k: (sorted(v) if isinstance(v, set) else v)
-                            for k, v in vars(args).items()},
-                   "links": links, "archives": keys, "results": b.res, "notes": b.notes,
-                   "unavailable": unavailable}, f, indent=1)
+    save(args.out, report(b, args, links, keys, header(args, archfs_bin, manifest, keys,
+                                                       unavailable)),
+         {"args": vars(args), "links": links, "archives": keys, "results": b.res,
+          "notes": b.notes, "unavailable": unavailable})
     log(f"wrote {args.out}")

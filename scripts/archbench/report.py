@@ -2,6 +2,7 @@
 header with the machine, the dataset and the method."""
 
 import datetime
+import json
 import os
 import shutil
 import statistics
@@ -15,6 +16,18 @@ from .tools import ShmCopy
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
+
+
+def save(out, md, data):
+    """Prints the report and writes it to `out`, with its figures beside it as JSON
+    (`args` made serializable: sets as sorted lists)."""
+    print(md)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(md + "\n")
+    data["args"] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in data["args"].items()}
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(data, f, indent=1)
 
 
 def med(vals):
