@@ -41,6 +41,19 @@ fn one_line_error(out: &std::process::Output, what: &str) -> String {
     err.trim().to_owned()
 }
 
+/// A test CA made in `dir`, and a proxy serving `s3` over TLS with its certificate.
+fn tls_proxy(s3: &S3Server, dir: &TempDir) -> (TestCa, Proxy) {
+    let ca = TestCa::new(&dir.join("ca"));
+    let proxy = Proxy::start(
+        &s3.endpoint(),
+        &ProxyOptions {
+            tls: Some((ca.cert.clone(), ca.key.clone())),
+            ..ProxyOptions::default()
+        },
+    );
+    (ca, proxy)
+}
+
 /// An S3 endpoint behind TLS with a certificate from a CA made for the test: trusted
 /// through AWS_CA_BUNDLE (or SSL_CERT_FILE, or the profile's `ca_bundle`); without it,
 /// refused in one line that names the certificate, well within the deadline.
@@ -53,14 +66,7 @@ fn https_with_a_test_ca_from_aws_ca_bundle() {
     let s3 = S3Server::start();
     s3.create_bucket("data");
     s3.put("data", "img.sqfs", &img);
-    let ca = TestCa::new(&dir.join("ca"));
-    let proxy = Proxy::start(
-        &s3.endpoint(),
-        &ProxyOptions {
-            tls: Some((ca.cert.clone(), ca.key.clone())),
-            ..ProxyOptions::default()
-        },
-    );
+    let (ca, proxy) = tls_proxy(&s3, &dir);
     let https = proxy.endpoint();
     assert!(https.starts_with("https://127.0.0.1:"), "{https}");
     let ca_pem = ca.ca.display().to_string();
@@ -141,14 +147,7 @@ fn an_untrusted_certificate_fails_at_once_and_says_what_to_do() {
     let s3 = S3Server::start();
     s3.create_bucket("data");
     s3.put_bytes("data", "x.tar", &[0u8; 10240]);
-    let ca = TestCa::new(&dir.join("ca"));
-    let proxy = Proxy::start(
-        &s3.endpoint(),
-        &ProxyOptions {
-            tls: Some((ca.cert.clone(), ca.key.clone())),
-            ..ProxyOptions::default()
-        },
-    );
+    let (_ca, proxy) = tls_proxy(&s3, &dir);
     let t = Instant::now();
     let mut cmd = archfs();
     s3.apply_env(&mut cmd)

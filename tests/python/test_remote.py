@@ -12,26 +12,16 @@ import signal
 import socket
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
 import archfs
 
-DEADLINE = 60  # seconds; generous, so a busy machine passes too
+from test_archfs import DEADLINE, wait_for  # noqa: E402 - the suite's own helpers
 ACCESS_KEY = "AKIAARCHFSPYTEST0001"
 SECRET_KEY = "pyTest/secret+0123456789abcdefghijklmnop"
 STARTED = "All enabled components are running"
-
-
-def wait_for(cond, secs=DEADLINE):
-    end = time.monotonic() + secs
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def free_ports(n):
