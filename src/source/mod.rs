@@ -39,6 +39,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Changes whenever the bytes may have: what ties a saved index or a cached copy to
     /// this version of the archive (a local file's modification time in nanoseconds).
     fn version(&self) -> i64;
+    /// Whether [`version`](Self::version) comes from the server's tag of these exact
+    /// bytes (an object's ETag), so that nothing need be read to tell one version from
+    /// another. A local file's modification time survives `cp -p` and `touch -r`: no.
+    fn tagged(&self) -> bool {
+        false
+    }
     /// Starts fetching `[at, at + len)` without waiting, so a scan that reads it soon
     /// overlaps that I/O with its own work. Where nothing can be fetched ahead: nothing.
     fn will_need(&self, _at: u64, _len: u64) {}
@@ -161,6 +167,12 @@ impl Source {
             return Ok(false);
         }
         self.store.fetch_sidecar(to)
+    }
+
+    /// Whether [`version`](Self::version) is the store's tag of these bytes
+    /// ([`Storage::tagged`]).
+    pub fn tagged(&self) -> bool {
+        self.store.tagged()
     }
 
     /// Whether the archive is a file of this machine ([`Storage::is_local`]).

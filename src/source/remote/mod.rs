@@ -76,6 +76,8 @@ struct Inner {
     /// What tells this object's chunks from others' in the cache ([`chunks`]).
     id: u64,
     stage: Option<Arc<stage::Stage>>,
+    /// The object's first bytes, fetched with its size: a format's first reads.
+    first: Box<[u8]>,
     /// Where recent large reads ended, and how far past that was fetched ahead.
     streams: Mutex<Vec<(u64, u64)>>,
     /// Spans whose GETs into the chunks are under way: a read of them waits for those
@@ -126,6 +128,7 @@ impl RemoteObject {
         Ok(RemoteObject {
             inner: Arc::new(Inner {
                 stage: stage.flatten(),
+                first: meta.first.into_boxed_slice(),
                 client,
                 name: PathBuf::from(location.name()),
                 target,
@@ -440,6 +443,13 @@ impl RemoteObject {
 impl Storage for RemoteObject {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
         let inner = &self.inner;
+        if let Some(first) = usize::try_from(pos)
+            .ok()
+            .and_then(|p| inner.first.get(p..p.checked_add(buf.len())?))
+        {
+            buf.copy_from_slice(first);
+            return Ok(());
+        }
         if let Some(stage) = &inner.stage {
             if let stage::Found::Read = stage.read(pos, buf)? {
                 return Ok(());
@@ -498,6 +508,10 @@ impl Storage for RemoteObject {
         h.update(tag.as_bytes());
         h.update(self.inner.target.url.as_bytes());
         (i64::from(h.finalize()) << 31) ^ self.inner.size as i64
+    }
+
+    fn tagged(&self) -> bool {
+        self.inner.etag.is_some()
     }
 
     fn will_need(&self, at: u64, len: u64) {
