@@ -177,6 +177,46 @@ impl Client {
         })
     }
 
+    /// Bytes `[at, at + len)` of the object in one ranged GET that fails unless the
+    /// object still has `etag`, handed to `each` as they arrive, `part` bytes at a time
+    /// (the last part may be shorter) with their offset. A retry skips what was handed
+    /// over already, so every part is handed over once.
+    pub fn get_parts(
+        &self,
+        t: &Target,
+        etag: Option<&str>,
+        (at, len): (u64, u64),
+        part: u64,
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let range = format!("bytes={}-{}", at, at + len - 1);
+        let mut handed = 0;
+        let mut buf = Vec::new();
+        self.send(t, &Call::range(range, etag), |resp| {
+            if resp.status().as_u16() != 206 {
+                return Err(no_ranges(resp.status().as_u16()));
+            }
+            let mut body = resp.body_mut().as_reader();
+            let mut got = 0;
+            while got < len {
+                let n = part.min(len - got);
+                buf.resize(n as usize, 0);
+                body.read_exact(&mut buf)
+                    .map_err(|e| Failure::Retry(format!("reading the response: {e}")))?;
+                BYTES.fetch_add(n, Ordering::Relaxed);
+                if got >= handed {
+                    each(at + got, &buf).map_err(Failure::Final)?;
+                    handed = got + n;
+                }
+                got += n;
+            }
+            finish(resp)
+        })
+    }
+
     /// The whole object written to `out`; `false` when there is no such object.
     pub fn get_to(&self, t: &Target, out: &mut std::fs::File) -> Result<bool, String> {
         use std::io::{Seek, Write};
