@@ -10,7 +10,7 @@ import signal
 import time
 
 from . import __doc__ as DOC
-from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, plots, remote, scale
+from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, plots, remote, scale, shards
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report, save
@@ -33,7 +33,7 @@ def parse_args(argv):
     ap.add_argument("--classes", type=int, help="class directories (default: files / 1000, at least 10)")
     ap.add_argument("--quick", action="store_true", help="2,000 files, 30 s cap, 200 latency samples")
     ap.add_argument("--jpeg", action="store_true", help="real decodable JPEGs (Pillow) for torch")
-    ap.add_argument("--runs", type=int, help="default 3; --remote: 1")
+    ap.add_argument("--runs", type=int, help="default 3; --remote, --shards: 1")
     ap.add_argument("--no-list-first", dest="list_first", action="store_false",
                     help="cold epochs without the untimed listing of the tree that precedes "
                     "them by default (as ImageFolder's index precedes a first epoch); the "
@@ -67,10 +67,11 @@ def parse_args(argv):
     ap.add_argument("--torch-install-timeout", type=int, default=1200)
     scale.add_args(ap)
     remote.add_args(ap)
+    shards.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
     args.files = args.files or (1000 if args.remote else 2000 if args.quick else 20000)
-    args.runs = args.runs or (1 if args.remote else 3)
+    args.runs = args.runs or (1 if args.remote or args.shards else 3)
     args.classes_given = args.classes
     args.classes = args.classes or max(10, args.files // 1000)
     args.cap = args.cap or (30 if args.quick or args.remote else 900 if args.scale else 300)
@@ -82,7 +83,8 @@ def parse_args(argv):
         WORKTREE if os.path.isdir(WORKTREE) else os.path.dirname(os.path.dirname(SCRIPT)))
     args.workdir = os.path.abspath(args.workdir)
     args.out = os.path.abspath(args.out or os.path.join(
-        args.workdir, "remote-result.md" if args.remote else "result.md"))
+        args.workdir, "remote-result.md" if args.remote else
+        "shards-result.md" if args.shards else "result.md"))
     return args
 
 
@@ -112,6 +114,9 @@ def main(argv):
         return
     if args.remote:
         remote.main(args)
+        return
+    if args.shards:
+        shards.main(args)
         return
 
     archfs_bin = find_archfs(args)
