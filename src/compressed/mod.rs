@@ -157,7 +157,9 @@ pub trait Decoder: Send {
 
 /// Threads for a pass over a whole archive: one a core, at most 8.
 fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    // Asked once: each call reads the cgroup's files.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8)))
 }
 
 /// Test data: noise in one of every three stretches of `1 << shift` bytes, `text`'s
