@@ -565,6 +565,22 @@ fn preload_decodes_ahead_into_a_copy_that_reads_match() {
     }
 }
 
+/// Threads of `server` that make decoded copies.
+fn stage_threads(server: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{server}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|c| c.starts_with("archfs-stage"))
+        .count()
+}
+
+/// Copying threads archfs runs at most: one a core, at most 8.
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .min(8)
+}
+
 /// `--preload` of a directory of many shards: every shard's copy is made, by one pool of
 /// at most a thread a core (which stays, idle, for later copies), not by threads of every
 /// shard at once.
@@ -593,24 +609,19 @@ fn preload_of_many_shards_copies_them_with_a_few_threads() {
         "not every shard was copied: {}",
         read_log()
     );
-    let server = pids_of_mount(&mnt)[0];
-    let copying = std::fs::read_dir(format!("/proc/{server}/task"))
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
-        .filter(|c| c.starts_with("archfs-stage"))
-        .count();
-    let cores = std::thread::available_parallelism()
-        .map_or(1, |c| c.get())
-        .min(8);
+    let copying = stage_threads(pids_of_mount(&mnt)[0]);
     assert!(
-        (1..=cores).contains(&copying),
-        "{copying} copying threads for {cores} cores"
+        (1..=cores()).contains(&copying),
+        "{copying} copying threads for {} cores",
+        cores()
     );
     check_shards(&m.path, &all, n, 8, "copied");
 }
 
 /// Shards in one zstd frame each (`tar --zstd`): every one served from its decoded copy,
-/// a few decoding at once, a read of a shard not yet copied putting its copy first.
+/// a few decoding at once on a pool of threads (a thread a shard, waiting its turn, was
+/// 1,000 threads for 1,000 shards), a read of a shard not yet copied putting its copy
+/// first.
 #[test]
 fn single_frame_shards_are_copied_a_few_at_a_time() {
     let dir = TempDir::new("staged-shards");
@@ -623,6 +634,13 @@ fn single_frame_shards_are_copied_a_few_at_a_time() {
         &shards,
         &mnt,
         &["--preload=never", "--debug", "--log", log.to_str().unwrap()],
+    );
+    // Queued for one pool of a thread a core, not a thread of each shard.
+    let copying = stage_threads(pids_of_mount(&mnt)[0]);
+    assert!(
+        copying <= cores(),
+        "{copying} copying threads for {} cores",
+        cores()
     );
     // The last shard first: its copy may still be queued behind the others.
     for s in (0..n).rev() {

@@ -979,7 +979,6 @@ impl Decoded {
             self.codec,
             self.points.clone(),
             self.stage_dir.as_deref(),
-            threads,
             memory_only,
         ) {
             Ok(Some(s)) => {

@@ -29,9 +29,6 @@ pub struct Stage {
     copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     /// A reader waits on this front-to-back copy: it goes before the others queued.
     urgent: std::sync::atomic::AtomicBool,
-    /// A front-to-back copy's turn to run ([`Slot`]), and what wakes its thread for it.
-    granted: std::sync::atomic::AtomicBool,
-    slot: Condvar,
     /// Threads still copying, whether the copy's end was told, its length and start.
     running: AtomicUsize,
     done: std::sync::atomic::AtomicBool,
@@ -65,17 +62,13 @@ impl Stage {
                 return Err(e);
             }
         };
-        let s = stage.clone();
-        let spawned = spawn(&stage, "archfs-stage", source.clone(), move || {
-            let _slot = Slot::take(&s);
-            let copied = s.copy(&source, codec, &points);
-            PENDING.fetch_sub(len, Ordering::AcqRel);
-            copied
-        });
-        if let Err(e) = spawned {
-            PENDING.fetch_sub(len, Ordering::AcqRel);
-            return Err(e);
-        }
+        queue(Job {
+            stage: stage.clone(),
+            source,
+            codec,
+            next: AtomicUsize::new(0),
+            whole: Some(points),
+        })?;
         Ok(stage)
     }
 
@@ -89,7 +82,6 @@ impl Stage {
         codec: Codec,
         points: Arc<Points>,
         dir: Option<&Path>,
-        threads: usize,
         memory_only: bool,
     ) -> Result<Option<Arc<Stage>>> {
         let len = points.len();
@@ -106,20 +98,13 @@ impl Stage {
                 return Err(e);
             }
         };
-        JOBS.lock().push_back(Arc::new(Job {
+        queue(Job {
             stage: stage.clone(),
             source,
             codec,
             next: AtomicUsize::new(0),
-        }));
-        QUEUED.notify_all();
-        while WORKERS.load(Ordering::Acquire) < threads.max(1) {
-            let n = WORKERS.fetch_add(1, Ordering::AcqRel);
-            std::thread::Builder::new()
-                .name(format!("archfs-stage-{n}"))
-                .spawn(copy_jobs)
-                .map_err(|e| Error::io("cannot start a decoding thread", e))?;
-        }
+            whole: None,
+        })?;
         Ok(Some(stage))
     }
 
@@ -142,8 +127,6 @@ impl Stage {
             moved: Condvar::new(),
             copied,
             urgent: Default::default(),
-            granted: Default::default(),
-            slot: Condvar::new(),
             running: AtomicUsize::new(0),
             done: Default::default(),
             len,
@@ -192,7 +175,8 @@ impl Stage {
     }
 
     /// Copies the stretches between entry points taken from `next` in turn, skipping
-    /// those a reader took first.
+    /// those a reader took first, until none is left or a reader waits on a
+    /// front-to-back copy still queued (that one goes first).
     fn copy_stretches(&self, source: &Arc<Source>, codec: Codec, next: &AtomicUsize) -> Result<()> {
         let Some((points, _)) = &self.copied else {
             return Ok(());
@@ -200,6 +184,9 @@ impl Stage {
         let mut block = vec![0u8; BLOCK as usize];
         let mut dec: Option<Box<dyn Decoder>> = None;
         loop {
+            if urgent_queued() {
+                return Ok(());
+            }
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= points.count() {
                 return Ok(());
@@ -266,6 +253,11 @@ impl Stage {
         }
         let p = self.progress.lock();
         p.upto >= self.len || p.failed.is_some()
+    }
+
+    /// Stretches between entry points of a parallel copy.
+    fn stretches(&self) -> usize {
+        self.copied.as_ref().map_or(0, |(points, _)| points.count())
     }
 
     /// Whether this is a parallel copy, made from the entry points.
@@ -336,100 +328,31 @@ impl Stage {
     }
 }
 
-/// Runs `copy` on a thread of its own; the last of a copy's threads to end says so.
-fn spawn(
-    stage: &Arc<Stage>,
-    name: &str,
-    source: Arc<Source>,
-    copy: impl FnOnce() -> Result<()> + Send + 'static,
-) -> Result<()> {
-    stage.running.fetch_add(1, Ordering::Relaxed);
-    let this = stage.clone();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            if let Err(e) = copy() {
-                tracing::error!("decoding {}: {e}", source.path().display());
-            }
-            if this.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-                tracing::info!(
-                    "decoded copy of {} complete: {} MiB in {:.1} s",
-                    source.path().display(),
-                    this.len >> 20,
-                    this.started.elapsed().as_secs_f64()
-                );
-            }
-        })
-        .map(|_| ())
-        .map_err(|e| {
-            stage.running.fetch_sub(1, Ordering::Relaxed);
-            Error::io("cannot start the decoding thread", e)
-        })
-}
-
-/// One of the few front-to-back copies that decode at once (a thread a core): a union of
-/// hundreds of single-frame zstd shards would otherwise decode them all at the same time
-/// from mount, each with its decoder's window (MiBs). A copy a reader waits on goes
-/// first; the others in the order they were queued.
-struct Slot;
-
-struct Slots {
-    running: usize,
-    waiting: Vec<Arc<Stage>>,
-}
-
-static SLOTS: Mutex<Slots> = Mutex::new(Slots {
-    running: 0,
-    waiting: Vec::new(),
-});
-
-impl Slot {
-    /// Waits for a slot for `stage`'s copy. A freed slot is granted to one waiter, woken
-    /// alone: a union of 1,000 single-frame shards queues 1,000 copies, and waking them
-    /// all at each freed slot kept 2 cores busy in the scheduler (a cold epoch 3.9x one
-    /// tar's).
-    fn take(stage: &Arc<Stage>) -> Slot {
-        let mut s = SLOTS.lock();
-        stage.granted.store(false, Ordering::Release);
-        s.waiting.push(stage.clone());
-        Slot::grant(&mut s);
-        while !stage.granted.load(Ordering::Acquire) {
-            stage.slot.wait(&mut s);
-        }
-        Slot
-    }
-
-    /// Hands free slots to waiters: a copy a reader waits on first, else the oldest.
-    fn grant(s: &mut Slots) {
-        while s.running < super::threads() && !s.waiting.is_empty() {
-            let next = s
-                .waiting
-                .iter()
-                .position(|w| w.urgent.load(Ordering::Acquire))
-                .unwrap_or(0);
-            let w = s.waiting.remove(next);
-            s.running += 1;
-            w.granted.store(true, Ordering::Release);
-            w.slot.notify_one();
-        }
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut s = SLOTS.lock();
-        s.running -= 1;
-        Slot::grant(&mut s);
-    }
-}
-
-/// A parallel copy, queued for the copying threads.
+/// A copy queued for the copying threads, a thread a core for every archive of the
+/// process: a union of 1,000 shards decodes one or two at a time, not all at once from
+/// mount, each with its decoder's window (MiBs) and a thread of its own.
 struct Job {
     stage: Arc<Stage>,
     source: Arc<Source>,
     codec: Codec,
-    /// The next stretch to take.
+    /// The next stretch to take (a parallel copy).
     next: AtomicUsize,
+    /// A front-to-back copy: one thread makes it, those a reader waits on first.
+    whole: Option<Arc<Points>>,
+}
+
+/// Queues `job` and starts the copying threads not yet started.
+fn queue(job: Job) -> Result<()> {
+    JOBS.lock().push_back(Arc::new(job));
+    QUEUED.notify_all();
+    while WORKERS.load(Ordering::Acquire) < super::threads() {
+        let n = WORKERS.fetch_add(1, Ordering::AcqRel);
+        std::thread::Builder::new()
+            .name(format!("archfs-stage-{n}"))
+            .spawn(copy_jobs)
+            .map_err(|e| Error::io("cannot start a decoding thread", e))?;
+    }
+    Ok(())
 }
 
 static JOBS: Mutex<std::collections::VecDeque<Arc<Job>>> =
@@ -439,31 +362,42 @@ static WORKERS: AtomicUsize = AtomicUsize::new(0);
 /// Bytes of parallel copies not yet complete (memory they are still to take).
 static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// A copying thread: works on the oldest queued copy with the others until none of its
-/// stretches is left to take, then on the next.
+/// A copying thread: takes a front-to-back copy a reader waits on, else the oldest
+/// queued copy; works on a parallel one with the others until none of its stretches is
+/// left to take.
 fn copy_jobs() {
     loop {
         let job = {
             let mut jobs = JOBS.lock();
-            while jobs.is_empty() {
-                QUEUED.wait(&mut jobs);
+            loop {
+                match pick(&jobs) {
+                    Some(i) if jobs[i].whole.is_some() => break jobs.remove(i).expect("queued"),
+                    Some(i) => break jobs[i].clone(),
+                    None => QUEUED.wait(&mut jobs),
+                }
             }
-            jobs[0].clone()
         };
         let s = &job.stage;
         s.running.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = s.copy_stretches(&job.source, job.codec, &job.next) {
+        let copied = match &job.whole {
+            Some(points) => s.copy(&job.source, job.codec, points),
+            None => s.copy_stretches(&job.source, job.codec, &job.next),
+        };
+        if let Err(e) = copied {
             tracing::error!("decoding {}: {e}", job.source.path().display());
             // Its other stretches are left to the readers.
             job.next.store(usize::MAX / 2, Ordering::Release);
         }
-        {
+        // Told after leaving, so that the last thread out sees what all of them took.
+        let last = s.running.fetch_sub(1, Ordering::AcqRel) == 1;
+        let taken = job.whole.is_some() || job.next.load(Ordering::Acquire) >= s.stretches();
+        if job.whole.is_none() && taken {
             let mut jobs = JOBS.lock();
-            if jobs.front().is_some_and(|j| Arc::ptr_eq(j, &job)) {
-                jobs.pop_front();
+            if let Some(i) = jobs.iter().position(|j| Arc::ptr_eq(j, &job)) {
+                jobs.remove(i);
             }
         }
-        if s.running.fetch_sub(1, Ordering::AcqRel) == 1 && !s.done.swap(true, Ordering::AcqRel) {
+        if last && taken && !s.done.swap(true, Ordering::AcqRel) {
             PENDING.fetch_sub(s.len, Ordering::AcqRel);
             tracing::info!(
                 "decoded copy of {} complete: {} MiB in {:.1} s",
@@ -473,6 +407,21 @@ fn copy_jobs() {
             );
         }
     }
+}
+
+/// Whether a reader waits on a front-to-back copy no thread has taken yet.
+fn urgent_queued() -> bool {
+    JOBS.lock()
+        .iter()
+        .any(|j| j.whole.is_some() && j.stage.urgent.load(Ordering::Acquire))
+}
+
+/// The job a copying thread takes: a copy a reader waits on, else the oldest.
+fn pick(jobs: &std::collections::VecDeque<Arc<Job>>) -> Option<usize> {
+    let urgent = jobs
+        .iter()
+        .position(|j| j.stage.urgent.load(Ordering::Acquire));
+    urgent.or((!jobs.is_empty()).then_some(0))
 }
 
 /// States of a stretch in a parallel copy.
@@ -502,65 +451,32 @@ fn temp_file(dir: &Path) -> Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
 
     fn stage() -> Arc<Stage> {
         Arc::new(Stage::new(1, 1, None, None).unwrap())
     }
 
-    /// At most a thread a core decodes a front-to-back copy at once; a copy a reader
-    /// waits on goes before those queued earlier.
+    fn job(whole: bool) -> Arc<Job> {
+        let exe = std::env::current_exe().unwrap();
+        Arc::new(Job {
+            stage: stage(),
+            source: Arc::new(Source::open(&exe).unwrap()),
+            codec: Codec::Zstd,
+            next: AtomicUsize::new(0),
+            whole: whole.then(Default::default),
+        })
+    }
+
+    /// A copy a reader waits on goes before those queued earlier, whatever its kind;
+    /// else the oldest.
     #[test]
-    fn slots_bound_the_copies_and_an_urgent_one_goes_first() {
-        let cores = crate::compressed::threads();
-        let (held_tx, held_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let go_rx = Arc::new(Mutex::new(go_rx));
-        let holders: Vec<_> = (0..cores)
-            .map(|_| {
-                let (held, go) = (held_tx.clone(), go_rx.clone());
-                std::thread::spawn(move || {
-                    let s = stage();
-                    let _slot = Slot::take(&s);
-                    held.send(()).unwrap();
-                    go.lock().recv().unwrap();
-                })
-            })
-            .collect();
-        for _ in 0..cores {
-            held_rx.recv().unwrap();
-        }
-        // Two more queue behind them, the second made urgent.
-        let (order_tx, order_rx) = mpsc::channel();
-        let (a, b) = (stage(), stage());
-        let queue = |s: Arc<Stage>, name: &'static str| {
-            let order = order_tx.clone();
-            std::thread::spawn(move || {
-                let _slot = Slot::take(&s);
-                order.send(name).unwrap();
-            })
-        };
-        let ta = queue(a.clone(), "a");
-        while SLOTS.lock().waiting.iter().all(|w| !Arc::ptr_eq(w, &a)) {
-            std::thread::yield_now();
-        }
-        let tb = queue(b.clone(), "b");
-        while SLOTS.lock().waiting.iter().all(|w| !Arc::ptr_eq(w, &b)) {
-            std::thread::yield_now();
-        }
-        assert!(
-            order_rx.try_recv().is_err(),
-            "a copy started beyond the slots"
-        );
-        b.urgent.store(true, Ordering::Release);
-        go_tx.send(()).unwrap();
-        assert_eq!(order_rx.recv().unwrap(), "b");
-        for _ in 1..cores {
-            go_tx.send(()).unwrap();
-        }
-        assert_eq!(order_rx.recv().unwrap(), "a");
-        for t in holders.into_iter().chain([ta, tb]) {
-            t.join().unwrap();
-        }
+    fn a_copy_a_reader_waits_on_goes_first() {
+        let mut jobs: std::collections::VecDeque<_> =
+            [job(false), job(true), job(true)].into_iter().collect();
+        assert_eq!(pick(&jobs), Some(0));
+        jobs[2].stage.urgent.store(true, Ordering::Release);
+        assert_eq!(pick(&jobs), Some(2));
+        jobs.clear();
+        assert_eq!(pick(&jobs), None);
     }
 }
