@@ -169,6 +169,7 @@ pub fn open_many(
     if files.len() == 1 {
         return open_with(&files[0], cache, options);
     }
+    room_for_descriptors(files.len())?;
     // One budget for the whole union: the SquashFS members split it (tar members read
     // through the page cache and hold no blocks).
     let per_member = CacheConfig {
@@ -180,6 +181,56 @@ pub fn open_many(
     };
     let members = open_side_by_side(&files, &per_member, &options)?;
     Ok(Arc::new(Union::new(members)?))
+}
+
+/// The soft limit on open files when the process started, when a union raised it.
+static FILES_LIMIT_WAS: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
+
+/// Raises the soft limit on open files to what a union of `members` archives may hold
+/// (a file each, and a decoded copy's for a compressed one): WebDataset mounts thousands
+/// of shards, and clusters often set the soft limit to 1,024. Fails, saying what to do,
+/// when the hard limit is too low for a descriptor each.
+fn room_for_descriptors(members: usize) -> Result<()> {
+    const SPARE: u64 = 256;
+    let members = members as u64;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(());
+    }
+    let want = (2 * members + SPARE).min(lim.rlim_max);
+    if lim.rlim_cur < want {
+        let raised = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            let _ = FILES_LIMIT_WAS.set(lim);
+        }
+    }
+    if lim.rlim_max < members + SPARE {
+        return Err(Error::Unsupported(format!(
+            "{members} archives need about {} open files, and this process may open {} \
+             (`ulimit -Hn`): ask the site for a higher limit, or pack the shards into \
+             fewer, larger archives",
+            members + SPARE,
+            lim.rlim_max
+        )));
+    }
+    Ok(())
+}
+
+/// Puts back the soft limit on open files a union raised, for a command the job runs
+/// (in a child before exec: only a system call).
+pub fn restore_files_limit() {
+    if let Some(lim) = FILES_LIMIT_WAS.get() {
+        // SAFETY: setrlimit reads the struct it is given; async-signal-safe.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, lim) };
+    }
 }
 
 /// Archives opened a few at a time: an open waits on round trips to an object store

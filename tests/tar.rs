@@ -570,6 +570,100 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
         "shard 11"
     );
     assert!(std::fs::metadata(m.path.join("nonexistent.jpg")).is_err());
+    drop(m);
+
+    // No name in two shards (the listing is then the members' own, unmerged), one with
+    // a directory of its own.
+    let unique = dir.join("unique");
+    std::fs::create_dir(&unique).unwrap();
+    for s in 0..8 {
+        let mut members: Vec<(String, Option<String>)> = (0..20)
+            .map(|k| (format!("{:06}.jpg", s * 20 + k), Some(format!("u{s}/{k}"))))
+            .collect();
+        if s == 5 {
+            members.push(("only5/deep.txt".into(), Some("deep in 5".into())));
+        }
+        let members: Vec<_> = members
+            .iter()
+            .map(|(n, c)| (n.as_str(), c.as_deref()))
+            .collect();
+        python_tar(&unique.join(format!("u-{s:04}.tar")), &members);
+    }
+    let m = Mount::new(&unique, &dir.join("u"), &[]);
+    let mut names: Vec<_> = std::fs::read_dir(&m.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 8 * 20 + 1);
+    assert_eq!(names[0], "000000.jpg");
+    assert_eq!(names.last().unwrap(), "only5");
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("000047.jpg")).unwrap(),
+        "u2/7"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("only5/deep.txt")).unwrap(),
+        "deep in 5"
+    );
+    assert!(std::fs::metadata(m.path.join("only5")).unwrap().is_dir());
+}
+
+/// A union of more shards than a cluster's usual soft limit on open files (1,024) mounts:
+/// archfs raises the limit for itself, not for the command `archfs run` starts.
+#[test]
+fn more_shards_than_the_soft_limit_on_open_files() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("tar-many-shards");
+    let shards = dir.join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let n = 1100;
+    let script = format!(
+        r#"
+import io, tarfile
+for s in range({n}):
+    with tarfile.open("{dir}/s-%05d.tar" % s, "w") as t:
+        body = b"sample %d" % s
+        i = tarfile.TarInfo("%06d.cls" % s); i.size = len(body); i.mtime = 1700000000
+        t.addfile(i, io.BytesIO(body))
+"#,
+        dir = shards.display()
+    );
+    run_ok(Command::new("python3").arg("-c").arg(script));
+    let soft_1024 = |cmd: &mut Command| {
+        // SAFETY: setrlimit in the child before exec, async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                let mut l = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+                l.rlim_cur = 1024;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+                Ok(())
+            });
+        }
+    };
+    let mnt = dir.join("mnt");
+    let mut cmd = archfs();
+    cmd.arg("run").arg(&shards).arg(&mnt).args([
+        "--",
+        "python3",
+        "-c",
+        "import os, resource; n = len(os.listdir(os.environ['ARCHFS_MOUNTPOINT'])); \
+         last = open(os.environ['ARCHFS_MOUNTPOINT'] + '/001099.cls').read(); \
+         print(n, last, resource.getrlimit(resource.RLIMIT_NOFILE)[0])",
+    ]);
+    soft_1024(&mut cmd);
+    let out = run_ok(&mut cmd);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{n} sample 1099 1024"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(!is_mounted(&mnt));
 }
 
 #[test]

@@ -241,6 +241,20 @@ impl Archive for Union {
         if let Some(names) = names {
             let _ = d.names.set(names);
         }
+        // As many distinct name hashes as entries: no name is in two members (shards of
+        // a dataset), so nothing is merged.
+        if d.names.get().is_some_and(|n| n.len() == all.len()) {
+            return all
+                .into_iter()
+                .map(|(m, mut e)| {
+                    e.ino = match e.kind {
+                        Kind::Dir => self.dir_id(vec![(m, e.ino)]),
+                        _ => Self::tag(m, e.ino)?,
+                    };
+                    Ok(e)
+                })
+                .collect();
+        }
         // Where each name first appears; the later appearances of names in several
         // members (directories, or a file that a later member replaces).
         let mut first_of = Vec::with_capacity(all.len());

@@ -278,10 +278,12 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..])
         .env("ARCHFS_MOUNTPOINT", mount.path());
-    // SAFETY: reset_signals only calls sigaction and sigprocmask, async-signal-safe.
+    // SAFETY: reset_signals (sigaction, sigprocmask) and restore_files_limit (setrlimit)
+    // only make async-signal-safe system calls.
     unsafe {
         cmd.pre_exec(|| {
             reset_signals();
+            crate::open::restore_files_limit();
             Ok(())
         });
     }
