@@ -111,6 +111,12 @@ pub trait Archive: Send + Sync {
     fn stored_at(&self, _ino: u64, _offset: u64, _size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
         None
     }
+    /// Where file `ino`'s data lies among the others': files taken in this order are
+    /// read front to back (the push's order). Inode numbers, where they were handed out
+    /// in archive order.
+    fn place(&self, ino: u64) -> u64 {
+        ino
+    }
     fn readlink(&self, ino: u64) -> Result<Vec<u8>>;
     /// Extended attributes as full names (`user.x`) and values.
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;

@@ -65,25 +65,38 @@ pub struct Pusher {
 /// its directory, and a bit per file set once a READ for it came (its pages are in the
 /// kernel already) or it was pushed.
 struct Batch {
+    /// Where each file lies ([`Archive::place`]), in that order: the push's.
+    places: Vec<u64>,
     inos: Vec<u64>,
     dirs: Vec<u64>,
     read: Vec<AtomicU64>,
 }
 
 impl Batch {
-    /// From (file, directory) pairs.
-    fn new(mut files: Vec<(u64, u64)>) -> Batch {
+    /// From (place, file, directory) triples.
+    fn new(mut files: Vec<(u64, u64, u64)>) -> Batch {
         files.sort_unstable();
         files.dedup_by_key(|f| f.0);
         let read = (0..files.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
             .collect();
-        let (inos, dirs) = files.into_iter().unzip();
-        Batch { inos, dirs, read }
+        let mut b = Batch {
+            places: Vec::with_capacity(files.len()),
+            inos: Vec::with_capacity(files.len()),
+            dirs: Vec::with_capacity(files.len()),
+            read,
+        };
+        for (place, ino, dir) in files {
+            b.places.push(place);
+            b.inos.push(ino);
+            b.dirs.push(dir);
+        }
+        b
     }
 
-    fn mark(&self, ino: u64) {
-        if let Ok(i) = self.inos.binary_search(&ino) {
+    /// The file at `place` was read.
+    fn mark(&self, place: u64) {
+        if let Ok(i) = self.places.binary_search(&place) {
             let bit = 1u64 << (i % 64);
             let word = &self.read[i / 64];
             if word.load(Ordering::Relaxed) & bit == 0 {
@@ -129,8 +142,8 @@ impl Pusher {
         self.whole_tree.store(true, Ordering::Relaxed);
     }
 
-    /// The files of `dirs` with their directory.
-    fn files_of(&self, dirs: &[u64], bytes: &mut u64) -> Vec<(u64, u64)> {
+    /// The files of `dirs` with their place and directory.
+    fn files_of(&self, dirs: &[u64], bytes: &mut u64) -> Vec<(u64, u64, u64)> {
         let mut files = Vec::new();
         for &dir in dirs {
             let Ok(entries) = self.archive.read_dir(dir) else {
@@ -139,7 +152,7 @@ impl Pusher {
             for e in entries.iter().filter(|e| e.kind == Kind::File) {
                 if let Ok(a) = self.archive.attr(e.ino) {
                     *bytes += a.size;
-                    files.push((e.ino, dir));
+                    files.push((self.archive.place(e.ino), e.ino, dir));
                 }
             }
         }
@@ -167,7 +180,7 @@ impl Pusher {
     /// A READ asked for `ino`'s data: pushing it would copy it again.
     pub fn note_read(&self, ino: u64) {
         if let Some(b) = self.batch.get() {
-            b.mark(ino);
+            b.mark(self.archive.place(ino));
         }
     }
 
@@ -353,12 +366,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_marks_the_files_read_by_inode_and_ignores_others() {
-        let inos: Vec<u64> = (0..200u64).rev().map(|i| i * 3 + 1_000_000).collect();
-        let files: Vec<(u64, u64)> = inos.iter().map(|&i| (i, 1)).collect();
-        let b = Batch::new([files, vec![(1_000_000, 1)]].concat());
+    fn a_batch_marks_the_files_read_by_place_and_ignores_others() {
+        let places: Vec<u64> = (0..200u64).rev().map(|i| i * 3 + 1_000_000).collect();
+        let files: Vec<_> = places.iter().map(|&p| (p, p ^ 0xff, 1)).collect();
+        let b = Batch::new([files, vec![(1_000_000, 1_000_000 ^ 0xff, 1)]].concat());
         assert_eq!(b.inos.len(), 200, "sorted and deduplicated");
-        assert!(b.inos.windows(2).all(|w| w[0] < w[1]));
+        assert!(b.places.windows(2).all(|w| w[0] < w[1]));
+        assert!(b.inos.iter().zip(&b.places).all(|(i, p)| *i == p ^ 0xff));
         b.mark(1_000_000 + 3 * 70);
         b.mark(1_000_000 + 3 * 199);
         b.mark(1_000_001); // not in the batch
@@ -397,6 +411,49 @@ mod tests {
             self.0.lock().push((ino, at, data.to_vec()));
             Ok(())
         }
+    }
+
+    /// A union's files are pushed shard by shard, each in its own order (as the preload
+    /// reads them), not by inode number, which interleaves the shards.
+    #[test]
+    fn a_union_is_pushed_member_by_member() {
+        let dir = std::env::temp_dir().join(format!("archfs-push-union-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for shard in ["a", "b", "c"] {
+            let mut tar = Vec::new();
+            for i in 0..4 {
+                member(&mut tar, &format!("{shard}{i}"), b'0', shard.as_bytes());
+            }
+            tar.resize(tar.len() + 1024, 0);
+            std::fs::write(dir.join(format!("{shard}.tar")), &tar).unwrap();
+        }
+        let archive = crate::open::open_many(
+            std::slice::from_ref(&dir),
+            &crate::cache::CacheConfig::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        let stored = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let p = Arc::new(Pusher::new(archive.clone()));
+        p.set_store(Box::new(Kept(stored.clone())));
+        p.note_listed(ROOT_INO);
+        p.start();
+        let end = Instant::now() + Duration::from_secs(30);
+        while stored.lock().len() < 12 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let names: Vec<String> = stored
+            .lock()
+            .iter()
+            .map(|(_, _, data)| String::from_utf8_lossy(data).into_owned())
+            .collect();
+        let want: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.to_string(), 4))
+            .collect();
+        assert_eq!(names, want);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
