@@ -187,7 +187,7 @@ pub fn open_many(
 static FILES_LIMIT_WAS: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock::new();
 
 /// Raises the soft limit on open files to what a union of `members` archives may hold
-/// (a file each, and a decoded copy's for a compressed one): WebDataset mounts thousands
+/// (its file, the preload's handle of it, a decoded copy): WebDataset mounts thousands
 /// of shards, and clusters often set the soft limit to 1,024. Fails, saying what to do,
 /// when the hard limit is too low for a descriptor each.
 fn room_for_descriptors(members: usize) -> Result<()> {
@@ -201,7 +201,8 @@ fn room_for_descriptors(members: usize) -> Result<()> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Ok(());
     }
-    let want = (2 * members + SPARE).min(lim.rlim_max);
+    // Its own file, the preload's handle of it, a decoded copy.
+    let want = (3 * members + SPARE).min(lim.rlim_max);
     if lim.rlim_cur < want {
         let raised = libc::rlimit {
             rlim_cur: want,

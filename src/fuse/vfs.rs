@@ -85,6 +85,9 @@ impl Vfs {
             });
         }
         listing.extend(entries);
+        if let (true, Some(p)) = (by_lister, &self.push) {
+            p.lister_listing(true);
+        }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.dirs.lock().insert(
             fh,
@@ -112,7 +115,16 @@ impl Vfs {
     }
 
     pub fn releasedir(&self, fh: u64) {
-        self.dirs.lock().remove(&fh);
+        let gone = self.dirs.lock().remove(&fh);
+        if let (
+            Some(Listing {
+                by_lister: true, ..
+            }),
+            Some(p),
+        ) = (gone, &self.push)
+        {
+            p.lister_listing(false);
+        }
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {

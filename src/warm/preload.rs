@@ -166,20 +166,19 @@ impl Plan {
             libc::setpriority(libc::PRIO_PROCESS, tid, 10);
         }
         let started = Instant::now();
+        // Paths, not open files: a union of 10,000 shards would hold 10,000 more
+        // descriptors. A reading thread opens the file of its chunk.
         let mut files = Vec::new();
         let mut chunks = Vec::new();
         for e in &self.extents {
-            let f = match files
-                .iter()
-                .position(|(p, _, _): &(&Path, File, _)| *p == e.path)
-            {
+            let f = match files.iter().position(|(p, _): &(&Path, _)| *p == e.path) {
                 Some(i) => i,
                 None => match File::open(&e.path) {
                     // Already in memory: nothing to read.
                     Ok(file) if in_memory(&file) => continue,
                     Ok(file) => {
                         let piece = crate::source::advice_piece(&file);
-                        files.push((e.path.as_path(), file, piece));
+                        files.push((e.path.as_path(), piece));
                         files.len() - 1
                     }
                     Err(err) => {
@@ -201,12 +200,19 @@ impl Plan {
             for _ in 0..READERS.min(chunks.len()) {
                 s.spawn(|| {
                     let mut scratch = Vec::new();
+                    let mut open: Option<(usize, File)> = None;
                     while !failed.load(Ordering::Relaxed) {
                         let Some(&(f, at, len)) = chunks.get(next.fetch_add(1, Ordering::Relaxed))
                         else {
                             return;
                         };
-                        let (path, file, piece) = &files[f];
+                        let (path, piece) = &files[f];
+                        if open.as_ref().is_none_or(|(i, _)| *i != f) {
+                            open = File::open(path).ok().map(|file| (f, file));
+                        }
+                        let Some((_, file)) = &open else {
+                            continue; // gone since it was planned: reads will say so
+                        };
                         if let Err(e) = fetch(file, *piece, at, len, &mut scratch) {
                             tracing::warn!(
                                 "--preload stopped: reading {} at {at}: {e}; reads go on from \

@@ -55,15 +55,17 @@ pub struct Pusher {
     listed: RwLock<HashSet<u64>>,
     /// The whole tree will be listed (the listing ahead runs): push every file.
     whole_tree: AtomicBool,
+    /// Directories the listing ahead has open: one of 2 M entries takes it seconds, and
+    /// the push waits for it rather than give up.
+    lister_open: AtomicUsize,
     /// The files being pushed, and which of them a reader asked for first.
     batch: OnceLock<Batch>,
     store: OnceLock<Box<dyn Store>>,
     started: AtomicBool,
 }
 
-/// Files in inode order (archive order for tar and for mksquashfs's images), each with
-/// its directory, and a bit per file set once a READ for it came (its pages are in the
-/// kernel already) or it was pushed.
+/// Files in the order their data lies, each with its directory, and a bit per file set
+/// once a READ for it came (its pages are in the kernel already) or it was pushed.
 struct Batch {
     /// Where each file lies ([`Archive::place`]), in that order: the push's.
     places: Vec<u64>,
@@ -120,6 +122,7 @@ impl Pusher {
             archive,
             listed: RwLock::new(HashSet::new()),
             whole_tree: AtomicBool::new(false),
+            lister_open: AtomicUsize::new(0),
             batch: OnceLock::new(),
             store: OnceLock::new(),
             started: AtomicBool::new(false),
@@ -134,6 +137,15 @@ impl Pusher {
     /// `dir` was listed with its entries' attributes: the kernel holds their inodes.
     pub fn note_listed(&self, dir: u64) {
         self.listed.write().insert(dir);
+    }
+
+    /// The listing ahead opened a directory (`true`), or closed one.
+    pub fn lister_listing(&self, open: bool) {
+        if open {
+            self.lister_open.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.lister_open.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Every directory is going to be listed with attributes: the push takes the whole
@@ -252,7 +264,10 @@ impl Pusher {
                 break;
             }
             let waiting = Instant::now();
-            while self.listed.read().len() == listed_before && waiting.elapsed() < LISTING_WAIT {
+            let listing = || self.lister_open.load(Ordering::Relaxed) > 0;
+            while self.listed.read().len() == listed_before
+                && (waiting.elapsed() < LISTING_WAIT || listing())
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if self.listed.read().len() == listed_before {
