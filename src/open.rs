@@ -169,7 +169,8 @@ pub fn open_many(
     if files.len() == 1 {
         return open_with(&files[0], cache, options);
     }
-    room_for_descriptors(files.len())?;
+    // Objects in object storage hold no descriptor.
+    room_for_descriptors(files.iter().filter(|f| !crate::source::is_url(f)).count())?;
     // One budget for the whole union: the SquashFS members split it (tar members read
     // through the page cache and hold no blocks).
     let per_member = CacheConfig {
@@ -192,6 +193,9 @@ static FILES_LIMIT_WAS: std::sync::OnceLock<libc::rlimit> = std::sync::OnceLock:
 /// when the hard limit is too low for a descriptor each.
 fn room_for_descriptors(members: usize) -> Result<()> {
     const SPARE: u64 = 256;
+    if members == 0 {
+        return Ok(());
+    }
     let members = members as u64;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
