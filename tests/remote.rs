@@ -659,6 +659,88 @@ fn a_large_file_read_through_costs_few_requests() {
     }
 }
 
+/// A cold read of a file of a few hundred KiB, with no node-local copy, is one GET of
+/// the file's bytes, however many 128 KiB reads the kernel splits it into: a tar member
+/// and a SquashFS file's blocks alike. (Before: a GET per FUSE read, and a small tail
+/// across a 128 KiB boundary two GETs of whole chunks.)
+#[test]
+fn a_cold_file_is_one_get_of_its_bytes() {
+    let dir = TempDir::new("remote-onefile");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut bytes = xorshift_bytes(21);
+    let n = 40;
+    let mut total = 0;
+    for i in 0..n {
+        // 90 KB to 441 KB: one to four reads of 128 KiB.
+        let len = 90_000 + i * 9_001;
+        std::fs::write(root.join(format!("f{i:02}.jpg")), bytes(len)).unwrap();
+        total += len;
+    }
+    let tar = dir.join("f.tar");
+    tar_of(&root, ".", &tar);
+    let img = dir.join("f.sqfs");
+    mksquashfs(&root, &img, &["-noD", "-no-fragments"]);
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "f.tar", &tar);
+    s3.put("data", "f.sqfs", &img);
+    let cache = dir.join("cache");
+    for key in ["f.tar", "f.sqfs"] {
+        let url = format!("s3://data/{key}");
+        let mnt = dir.join(format!("mnt-{key}"));
+        // The tar's first mount builds and saves its index; the second finds it.
+        drop(mount(&s3, &cache, &url, &mnt, &["--preload=never"]));
+        let log = dir.join(format!("{key}.log"));
+        let mut cmd = archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", &cache)
+            .env("ARCHFS_LOG", "info,archfs::source::remote::http=trace")
+            .args(["mount", &url])
+            .arg(&mnt)
+            .args(["--preload=never", "--prelist=never", "--log"])
+            .arg(&log);
+        run_ok(&mut cmd);
+        let m = Mount { path: mnt };
+        // A shuffled order (17 is prime to 40).
+        for i in (0..n).map(|k| k * 17 % n) {
+            let name = format!("f{i:02}.jpg");
+            assert!(
+                std::fs::read(m.path.join(&name)).unwrap()
+                    == std::fs::read(root.join(&name)).unwrap(),
+                "{key}: {name} differs"
+            );
+        }
+        drop(m);
+        let text = std::fs::read_to_string(&log).unwrap();
+        // Every ranged GET but the first one of the object (its size and first 8 KiB).
+        let spans: Vec<(u64, u64)> = text
+            .split("(bytes=")
+            .skip(1)
+            .filter_map(|r| {
+                let (a, b) = r.split(')').next()?.split_once('-')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .filter(|&(a, _)| a != 0)
+            .collect();
+        let fetched: u64 = spans.iter().map(|(a, b)| b + 1 - a).sum();
+        eprintln!(
+            "{key}: {} GETs, {fetched} bytes for {n} files of {total} bytes",
+            spans.len()
+        );
+        // One a file, and one for an image's tables.
+        assert!(
+            spans.len() <= n + 1,
+            "{key}: {} GETs: {spans:?}",
+            spans.len()
+        );
+        assert!(
+            fetched <= total as u64 + (total as u64) / 10 + (1 << 20),
+            "{key}: fetched {fetched} bytes for {total}"
+        );
+    }
+}
+
 /// The first mount of a tar (no index anywhere) scans it while the node-local copy is
 /// made: the scan reads the copy's bytes as they land, so the object is fetched about
 /// once in all, not once for the scan and once for the copy.

@@ -45,9 +45,20 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn tagged(&self) -> bool {
         false
     }
+    /// Fills `buf` from `pos`, a read that its reader will likely follow with the rest
+    /// of `[pos, end)` (a file's data): a store that fetches over a network may fetch
+    /// that at once, so the rest costs no round trips of its own.
+    fn read_through(&self, buf: &mut [u8], pos: u64, _end: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, pos)
+    }
     /// Starts fetching `[at, at + len)` without waiting, so a scan that reads it soon
     /// overlaps that I/O with its own work. Where nothing can be fetched ahead: nothing.
     fn will_need(&self, _at: u64, _len: u64) {}
+    /// `[at, at + len)` is what a format reads before anything else (SquashFS's
+    /// tables): where the bytes come over a network, they are fetched now, the end
+    /// first, ahead of any copy of the whole. A local file's are read first by the
+    /// preload: nothing.
+    fn wanted_first(&self, _at: u64, _len: u64) {}
     /// A descriptor whose byte `p` is byte `p` here, for `[at, at + len)`, where the
     /// kernel can splice from it (a local file, a staged copy); `None` where those bytes
     /// must be read into this process.
@@ -133,6 +144,14 @@ impl Source {
         self.store.will_need(self.base + at, end.saturating_sub(at));
     }
 
+    /// Asks for `[at, at + len)` to be fetched before anything else
+    /// ([`Storage::wanted_first`]).
+    pub fn wanted_first(&self, at: u64, len: u64) {
+        let end = at.saturating_add(len).min(self.len);
+        self.store
+            .wanted_first(self.base + at, end.saturating_sub(at));
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -183,6 +202,16 @@ impl Source {
     /// Fills `buf` from `pos`; a range past the end of the source means the archive is
     /// truncated or an offset in it is corrupt.
     pub fn read_exact_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_in(pos, buf, None)
+    }
+
+    /// Like [`read_exact_at`](Self::read_exact_at), for a read of data its reader will
+    /// likely read on through to `end` ([`Storage::read_through`]).
+    pub fn read_through(&self, pos: u64, buf: &mut [u8], end: u64) -> Result<()> {
+        self.read_in(pos, buf, Some(end))
+    }
+
+    fn read_in(&self, pos: u64, buf: &mut [u8], through: Option<u64>) -> Result<()> {
         let end = pos.checked_add(buf.len() as u64);
         if end.is_none_or(|end| end > self.len) {
             return Err(Error::corrupt(format!(
@@ -191,7 +220,13 @@ impl Source {
                 self.len
             )));
         }
-        self.store.read_exact_at(buf, self.base + pos).map_err(|e| {
+        let read = match through {
+            Some(t) => self
+                .store
+                .read_through(buf, self.base + pos, self.base + t.min(self.len)),
+            None => self.store.read_exact_at(buf, self.base + pos),
+        };
+        read.map_err(|e| {
             Error::io(
                 format!("read at offset {pos} of {}", self.path().display()),
                 e,
@@ -214,6 +249,14 @@ impl Source {
     pub fn read_buf(&self, pos: u64, len: usize) -> Result<Buf> {
         let mut buf = Buf::take(len);
         self.read_exact_at(pos, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads `len` bytes at `pos` of data read on through to `end` into one of this
+    /// thread's reusable buffers ([`read_through`](Self::read_through)).
+    pub fn read_buf_through(&self, pos: u64, len: usize, end: u64) -> Result<Buf> {
+        let mut buf = Buf::take(len);
+        self.read_through(pos, &mut buf, end)?;
         Ok(buf)
     }
 

@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::source::Buf;
 
 const UNCOMPRESSED: u32 = 1 << 24;
+/// Files of up to this many blocks more are read on through ([`SquashFs::run_end`]).
+const RUN_BLOCKS: u64 = 16;
 const SIZE_MASK: u32 = UNCOMPRESSED - 1;
 
 /// How many samples of a file's block list a [`Layout`] keeps at most: 24 KiB. Files of up
@@ -171,9 +173,9 @@ impl SquashFs {
             if stored & SIZE_MASK == 0 {
                 return Ok((self.zero_block.clone(), 0, len));
             }
-            let block = self
-                .data_cache
-                .get_or_load(pos, || self.load_block(pos, stored))?;
+            let block = self.data_cache.get_or_load(pos, || {
+                self.load_block(pos, stored, self.run_end(layout, i, pos, stored))
+            })?;
             if block.len() < len {
                 return Err(Error::corrupt(format!(
                     "data block at {pos} decodes to {} bytes, expected {len}",
@@ -189,9 +191,13 @@ impl SquashFs {
         if frag.size & SIZE_MASK > self.sb.block_size {
             return Err(Error::corrupt("fragment larger than a block"));
         }
-        let block = self
-            .frag_cache
-            .get_or_load(frag.start, || self.load_block(frag.start, frag.size))?;
+        let block = self.frag_cache.get_or_load(frag.start, || {
+            self.load_block(
+                frag.start,
+                frag.size,
+                frag.start + u64::from(frag.size & SIZE_MASK),
+            )
+        })?;
         let start = layout.frag_offset as usize;
         if start + len > block.len() {
             return Err(Error::corrupt(format!(
@@ -202,13 +208,29 @@ impl SquashFs {
         Ok((block, start, len))
     }
 
-    fn load_block(&self, pos: u64, stored: u32) -> Result<Vec<u8>> {
+    /// Where the stored blocks of a file of a few blocks end, from block `i` at `pos`:
+    /// a reader of block `i` reads on through them ([`Source::read_through`]). A long
+    /// file's block list is not walked for this: just block `i`.
+    fn run_end(&self, layout: &Layout, i: u64, pos: u64, stored: u32) -> u64 {
+        let own = pos + u64::from(stored & SIZE_MASK);
+        if layout.block_count - i > RUN_BLOCKS {
+            return own;
+        }
+        layout
+            .block(self, layout.block_count - 1)
+            .map_or(own, |(p, s)| (p + u64::from(s & SIZE_MASK)).max(own))
+    }
+
+    /// The block of `stored` bytes at `pos`, decoded; its reader reads on to `end`.
+    fn load_block(&self, pos: u64, stored: u32, end: u64) -> Result<Vec<u8>> {
         let len = (stored & SIZE_MASK) as usize;
         if stored & UNCOMPRESSED != 0 {
             // Kept in the cache: an exact allocation, not a reused buffer of any capacity.
-            return self.source.read_vec(pos, len);
+            let mut v = vec![0u8; len];
+            self.source.read_through(pos, &mut v, end)?;
+            return Ok(v);
         }
-        let raw = self.source.read_buf(pos, len)?;
+        let raw = self.source.read_buf_through(pos, len, end)?;
         self.sb
             .codec
             .decompress(&raw, self.sb.block_size as usize)

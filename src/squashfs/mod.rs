@@ -55,6 +55,9 @@ impl SquashFs {
         }
         source.read_exact_at(0, &mut raw)?;
         let sb = Superblock::parse(&raw, source.len())?;
+        // The tables follow the data: every lookup and listing reads them.
+        let tables = sb.inode_table.min(sb.bytes_used);
+        source.wanted_first(tables, sb.bytes_used - tables);
         let (meta, frag, data) = cache.split(u64::from(sb.inode_count));
         let frag_ptrs = if sb.frag_count > 0 && sb.frag_table != NO_TABLE {
             table::read_pointers(

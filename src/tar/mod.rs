@@ -72,14 +72,14 @@ impl Body {
     /// `len` bytes at `pos` of a member whose data ends at `member_end`.
     fn read(&self, pos: u64, len: usize, member_end: u64) -> Result<Data> {
         match self {
-            Body::Plain(s) => Ok(Data::Owned(s.read_buf(pos, len)?)),
+            Body::Plain(s) => Ok(Data::Owned(s.read_buf_through(pos, len, member_end)?)),
             Body::Decoded(d) => d.read(pos, len, member_end),
         }
     }
 
     fn read_into(&self, pos: u64, out: &mut [u8], member_end: u64) -> Result<()> {
         match self {
-            Body::Plain(s) => s.read_exact_at(pos, out),
+            Body::Plain(s) => s.read_through(pos, out, member_end),
             Body::Decoded(d) => {
                 out.copy_from_slice(&d.read(pos, out.len(), member_end)?);
                 Ok(())

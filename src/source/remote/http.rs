@@ -69,7 +69,12 @@ pub struct Meta {
 
 /// The blocking HTTP client of one mount.
 pub struct Client {
+    /// Connections for reads (and the rest but the copy's GETs): kept apart from the
+    /// copy's, so that a read finds one it used a moment ago, with the server's window
+    /// already open, rather than a new one in slow start or one the copy left idle.
     agent: ureq::Agent,
+    /// Connections for the copy's long GETs ([`get_parts`](Self::get_parts)).
+    bulk: ureq::Agent,
     slots: Mutex<usize>,
     freed: Condvar,
 }
@@ -101,19 +106,22 @@ impl Client {
             Some(certs) => RootCerts::Specific(Arc::new(certs)),
             None => RootCerts::WebPki,
         };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .max_idle_connections(IN_FLIGHT)
-            .max_idle_connections_per_host(IN_FLIGHT)
-            .timeout_connect(Some(Duration::from_secs(10)))
-            .timeout_recv_response(Some(Duration::from_secs(30)))
-            .timeout_recv_body(Some(Duration::from_secs(60)))
-            .user_agent(concat!("archfs/", env!("CARGO_PKG_VERSION")))
-            .tls_config(TlsConfig::builder().root_certs(roots).build())
-            .build()
-            .new_agent();
+        let agent = || {
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .max_idle_connections(IN_FLIGHT)
+                .max_idle_connections_per_host(IN_FLIGHT)
+                .timeout_connect(Some(Duration::from_secs(10)))
+                .timeout_recv_response(Some(Duration::from_secs(30)))
+                .timeout_recv_body(Some(Duration::from_secs(60)))
+                .user_agent(concat!("archfs/", env!("CARGO_PKG_VERSION")))
+                .tls_config(TlsConfig::builder().root_certs(roots.clone()).build())
+                .build()
+                .new_agent()
+        };
         Ok(Arc::new(Client {
-            agent,
+            agent: agent(),
+            bulk: agent(),
             slots: Mutex::new(IN_FLIGHT),
             freed: Condvar::new(),
         }))
@@ -195,7 +203,11 @@ impl Client {
         let range = format!("bytes={}-{}", at, at + len - 1);
         let mut handed = 0;
         let mut buf = Vec::new();
-        self.send(t, &Call::range(range, etag), |resp| {
+        let call = Call {
+            bulk: true,
+            ..Call::range(range, etag)
+        };
+        self.send(t, &call, |resp| {
             if resp.status().as_u16() != 206 {
                 return Err(no_ranges(resp.status().as_u16()));
             }
@@ -322,7 +334,11 @@ impl Client {
                     })
             };
             REQUESTS.fetch_add(1, Ordering::Relaxed);
-            tracing::trace!("{what}: {}", if result.is_ok() { "done" } else { "failed" });
+            tracing::trace!(
+                "{what}: {} in {:.1} ms",
+                if result.is_ok() { "done" } else { "failed" },
+                start.elapsed().as_secs_f64() * 1e3
+            );
             match result {
                 Ok(v) => return Ok(v),
                 Err(Failure::Final(why)) => return Err(format!("{what}: {why}")),
@@ -387,7 +403,8 @@ impl Client {
                 .build()
                 .send(call.body);
         }
-        let mut req = self.agent.get(&url);
+        let agent = if call.bulk { &self.bulk } else { &self.agent };
+        let mut req = agent.get(&url);
         for (k, v) in &headers {
             req = req.header(*k, v);
         }
@@ -428,6 +445,8 @@ struct Call<'a> {
     body: &'a [u8],
     /// A 404 is an answer, not an error.
     missing_ok: bool,
+    /// One of the copy's GETs ([`Client::bulk`]).
+    bulk: bool,
 }
 
 impl<'a> Call<'a> {
@@ -439,6 +458,7 @@ impl<'a> Call<'a> {
             etag: None,
             body: b"",
             missing_ok: false,
+            bulk: false,
         }
     }
 

@@ -1,10 +1,12 @@
 //! Archives in object storage (`s3://BUCKET/KEY`) or behind a plain URL, as a kind of
 //! [`Storage`]: size and ETag taken once at open, every read a ranged GET conditional
 //! on that ETag (an object replaced under a mount gives EIO, never a mix of old and new
-//! bytes). A read fetches what it needs: a large one (a file's blocks, a tar member)
-//! exactly its span, a small one (headers, metadata blocks) the 128 KiB chunk around it,
-//! kept in a small cache; a scan's read-ahead advice fetches its chunks in the
-//! background, in GETs of a few MiB. A mount also copies the whole object to the node
+//! bytes). A read fetches what it needs: the first read of a file of up to 2 MiB (a tar
+//! member, a SquashFS file's blocks) the whole file in one GET, kept until the kernel's
+//! next reads of it; a large read exactly its span; a small one (headers, metadata
+//! blocks) the 128 KiB chunk around it, kept in a small cache. A scan's read-ahead advice
+//! fetches its chunks in the background, in GETs of a few MiB, and a SquashFS image's
+//! tables are fetched so at once. A mount also copies the whole object to the node
 //! ([`stage`]), and what is copied is read as a local file is.
 
 mod config;
@@ -43,6 +45,12 @@ const AHEAD_THREADS: usize = 4;
 const STREAM_AHEAD: u64 = 2 << 20;
 /// Sequential streams followed per object.
 const STREAMS: usize = 16;
+/// A file up to this size is fetched whole by its first read: the kernel reads it in
+/// 128 KiB requests, each of which would otherwise cost a round trip (and a small tail
+/// across a chunk boundary two).
+const SPAN_GET: u64 = 2 << 20;
+/// Bytes of such files kept until the rest of each is read, for all objects together.
+const SPAN_CACHE: usize = 32 << 20;
 
 /// How to reach remote archives, from the command line.
 #[derive(Clone, Debug, Default)]
@@ -290,6 +298,46 @@ fn sidecar_location(name: &Path) -> Result<Location> {
     }
 }
 
+/// Files fetched whole by their first read ([`SPAN_GET`]), oldest first: (object id,
+/// where the bytes start, the bytes).
+#[derive(Default)]
+struct Spans {
+    list: VecDeque<(u64, u64, Arc<[u8]>)>,
+    bytes: usize,
+}
+
+fn spans() -> &'static Mutex<Spans> {
+    static SPANS: OnceLock<Mutex<Spans>> = OnceLock::new();
+    SPANS.get_or_init(Mutex::default)
+}
+
+impl Spans {
+    fn copy(&self, id: u64, pos: u64, buf: &mut [u8]) -> bool {
+        let end = pos + buf.len() as u64;
+        let found = self
+            .list
+            .iter()
+            .rev()
+            .find(|(i, at, b)| *i == id && *at <= pos && end <= at + b.len() as u64);
+        if let Some((_, at, b)) = found {
+            let from = (pos - at) as usize;
+            buf.copy_from_slice(&b[from..from + buf.len()]);
+        }
+        found.is_some()
+    }
+
+    fn add(&mut self, id: u64, at: u64, bytes: Arc<[u8]>) {
+        self.bytes += bytes.len();
+        self.list.push_back((id, at, bytes));
+        while self.bytes > SPAN_CACHE {
+            match self.list.pop_front() {
+                Some((_, _, b)) => self.bytes -= b.len(),
+                None => break,
+            }
+        }
+    }
+}
+
 /// The chunks of every object of the process, keyed by [`Inner::key`].
 fn chunks() -> &'static BlockCache<Vec<u8>> {
     static CHUNKS: OnceLock<BlockCache<Vec<u8>>> = OnceLock::new();
@@ -311,8 +359,20 @@ impl Inner {
             })
     }
 
+    /// Waits while a GET under way holds all of `[at, to)`.
+    fn wait_pending(&self, at: u64, to: u64) {
+        let mut pending = self.pending.lock();
+        while pending.iter().any(|&(f, t)| f <= at && to <= t) {
+            self.landed.wait(&mut pending);
+        }
+    }
+
     /// The chunk `index`, fetched once however many readers want it at the same time.
     fn chunk(&self, index: u64) -> std::io::Result<Arc<Vec<u8>>> {
+        if let Some(c) = chunks().get(self.key(index)) {
+            return Ok(c);
+        }
+        self.wait_pending(index * CHUNK, ((index + 1) * CHUNK).min(self.size));
         chunks()
             .get_or_load(self.key(index), || {
                 let at = index * CHUNK;
@@ -323,6 +383,43 @@ impl Inner {
                 Ok(v)
             })
             .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Fills `buf` from `pos` out of a file fetched whole, waiting for a GET of one
+    /// under way that holds it.
+    fn span_hit(&self, pos: u64, buf: &mut [u8]) -> bool {
+        let end = pos + buf.len() as u64;
+        loop {
+            if spans().lock().copy(self.id, pos, buf) {
+                return true;
+            }
+            let mut pending = self.pending.lock();
+            if !pending.iter().any(|&(f, t)| f <= pos && end <= t) {
+                drop(pending);
+                // A GET that landed between the two looks.
+                return spans().lock().copy(self.id, pos, buf);
+            }
+            self.landed.wait(&mut pending);
+        }
+    }
+
+    /// Fetches `[pos, end)` in one GET into [`spans`] and fills `buf` from its start;
+    /// reads of the rest wait for it meanwhile.
+    fn fetch_through(&self, pos: u64, end: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.pending.lock().push((pos, end));
+        let mut bytes = vec![0u8; (end - pos) as usize];
+        let got = self.get(pos, &mut bytes);
+        if got.is_ok() {
+            buf.copy_from_slice(&bytes[..buf.len()]);
+            spans().lock().add(self.id, pos, bytes.into());
+        }
+        let mut pending = self.pending.lock();
+        if let Some(i) = pending.iter().position(|&p| p == (pos, end)) {
+            pending.swap_remove(i);
+        }
+        drop(pending);
+        self.landed.notify_all();
+        got
     }
 
     /// Notes a large read of `[pos, pos + len)`; when it continues an earlier one (a
@@ -353,15 +450,7 @@ impl Inner {
         let mut held = Vec::new();
         for c in pos / CHUNK..end.div_ceil(CHUNK) {
             let chunk = chunks().get(self.key(c)).or_else(|| {
-                let (at, to) = (c * CHUNK, (c + 1) * CHUNK);
-                let mut pending = self.pending.lock();
-                while pending
-                    .iter()
-                    .any(|&(f, t)| f <= at && to.min(self.size) <= t)
-                {
-                    self.landed.wait(&mut pending);
-                }
-                drop(pending);
+                self.wait_pending(c * CHUNK, ((c + 1) * CHUNK).min(self.size));
                 chunks().get(self.key(c))
             });
             match chunk {
@@ -440,20 +529,51 @@ impl RemoteObject {
     }
 }
 
-impl Storage for RemoteObject {
-    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+impl RemoteObject {
+    /// Fills `buf` from `pos` without a request of its own: from the object's first
+    /// bytes, the node-local copy, or a file fetched whole.
+    fn at_hand(&self, buf: &mut [u8], pos: u64) -> std::io::Result<bool> {
         let inner = &self.inner;
         if let Some(first) = usize::try_from(pos)
             .ok()
             .and_then(|p| inner.first.get(p..p.checked_add(buf.len())?))
         {
             buf.copy_from_slice(first);
-            return Ok(());
+            return Ok(true);
         }
         if let Some(stage) = &inner.stage {
             if let stage::Found::Read = stage.read(pos, buf)? {
-                return Ok(());
+                return Ok(true);
             }
+        }
+        Ok(inner.span_hit(pos, buf))
+    }
+}
+
+impl Storage for RemoteObject {
+    fn read_through(&self, buf: &mut [u8], pos: u64, end: u64) -> std::io::Result<()> {
+        let want = pos + buf.len() as u64;
+        let end = end.min(self.inner.size).max(want);
+        // A large file, or a large read of all that is left of one: as any read (a
+        // stream of reads through a file is fetched ahead of itself).
+        if end - pos > SPAN_GET || (end == want && buf.len() > SMALL) {
+            return self.read_exact_at(buf, pos);
+        }
+        if self.at_hand(buf, pos)? || self.inner.cached_span(pos, buf) {
+            return Ok(());
+        }
+        // A small file whole: its exact bytes, not the chunks around them, which a
+        // shuffled reader is unlikely to want next.
+        if end == want {
+            return self.inner.get(pos, buf);
+        }
+        self.inner.fetch_through(pos, end, buf)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        let inner = &self.inner;
+        if self.at_hand(buf, pos)? {
+            return Ok(());
         }
         if buf.len() > SMALL {
             // Fetched ahead (by a scan, or for a stream of reads through a large file):
@@ -516,7 +636,17 @@ impl Storage for RemoteObject {
 
     fn will_need(&self, at: u64, len: u64) {
         if !self.copying() {
-            ahead().push(self.inner.clone(), at, len);
+            ahead().push(self.inner.clone(), at, len, false);
+        }
+    }
+
+    /// Fetched by the read-ahead threads in GETs of [`AHEAD_GET`], the end first (a
+    /// format reads its tables from there), up to half the chunk cache.
+    fn wanted_first(&self, at: u64, len: u64) {
+        let end = at.saturating_add(len).min(self.inner.size);
+        let at = at.max(end.saturating_sub(CHUNK_CACHE as u64 / 2));
+        if at < end {
+            ahead().push(self.inner.clone(), at, end - at, true);
         }
     }
 
@@ -584,14 +714,19 @@ fn ahead() -> &'static Ahead {
 }
 
 impl Ahead {
-    /// Queues `[at, at + len)` in pieces, so the threads fetch them side by side.
-    fn push(&self, inner: Arc<Inner>, at: u64, len: u64) {
+    /// Queues `[at, at + len)` in pieces, so the threads fetch them side by side: behind
+    /// what is queued, or (`first`) ahead of it, the end first.
+    fn push(&self, inner: Arc<Inner>, at: u64, len: u64, first: bool) {
         let end = at.saturating_add(len).min(inner.size);
         let mut q = self.queue.lock();
         let mut p = at - at % CHUNK;
         while p < end {
             let n = AHEAD_GET.min(end - p);
-            q.push_back((inner.clone(), p, n));
+            if first {
+                q.push_front((inner.clone(), p, n));
+            } else {
+                q.push_back((inner.clone(), p, n));
+            }
             p += n;
         }
         drop(q);

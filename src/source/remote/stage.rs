@@ -27,10 +27,18 @@ const PIECE: u64 = 4 << 20;
 /// a piece copied at 4.4 s what 8 curl streams fetch in 3.5 s.
 const RUN: u64 = 16;
 
+/// What a GET of the copy hands over at a time: a read of bytes in the piece arriving
+/// is served as soon as they have.
+const PART: u64 = 256 << 10;
+/// A read waits for bytes of the piece arriving when at most this much is still to come
+/// before them (at 1 Gbit/s shared by 8 streams, ~70 ms: about a GET at 50 ms); else it
+/// fetches its own. Waiting for a whole piece cost a read up to ~270 ms there.
+const WAIT: u64 = 1 << 20;
+
 /// A piece not copied, nor the next to arrive in a GET under way: a read of it fetches
 /// its own bytes rather than wait for the GET to get there.
 const LATER: u8 = 0;
-/// The next piece of a GET under way: a read of it waits.
+/// The piece arriving in a GET under way: a read of it waits, if its bytes are near.
 const NEXT: u8 = 1;
 const DONE: u8 = 2;
 /// GETs of the copies in flight at once, for all objects of the process.
@@ -43,6 +51,8 @@ pub struct Stage {
     size: u64,
     /// Each piece's [`LATER`], [`NEXT`] or [`DONE`].
     state: Box<[AtomicU8]>,
+    /// Bytes of each [`NEXT`] piece arrived, from its start.
+    filled: Box<[AtomicU64]>,
     /// The next piece a worker takes; pieces before it are in flight or done.
     next: AtomicU64,
     left: AtomicU64,
@@ -94,6 +104,7 @@ impl Stage {
             file,
             size,
             state: (0..pieces).map(|_| AtomicU8::new(LATER)).collect(),
+            filled: (0..pieces).map(|_| AtomicU64::new(0)).collect(),
             next: AtomicU64::new(0),
             left: AtomicU64::new(pieces),
             failed: AtomicBool::new(false),
@@ -121,15 +132,23 @@ impl Stage {
         let end = first + n;
         let fetched = self
             .client
-            .get_parts(&self.target, etag, (at, len), PIECE, |pos, bytes| {
+            .get_parts(&self.target, etag, (at, len), PART, |pos, bytes| {
                 self.file
                     .write_all_at(bytes, pos)
                     .map_err(|e| format!("writing the node-local copy: {e}"))?;
                 let p = pos / PIECE;
+                let upto = pos + bytes.len() as u64;
+                let piece_end = ((p + 1) * PIECE).min(self.size);
+                if upto < piece_end {
+                    self.filled[p as usize].store(upto - p * PIECE, Ordering::Release);
+                    let _g = self.lock.lock();
+                    self.arrived.notify_all();
+                    return Ok(());
+                }
                 if p + 1 < end {
                     self.state[p as usize + 1].store(NEXT, Ordering::Release);
                 }
-                self.landed(p, bytes.len() as u64);
+                self.landed(p, piece_end - p * PIECE);
                 Ok(())
             });
         if let Err(e) = fetched {
@@ -214,9 +233,14 @@ impl Stage {
         if buf.is_empty() {
             return Ok(Found::Fetch);
         }
-        let (first, last) = (pos / PIECE, (pos + buf.len() as u64 - 1) / PIECE);
+        let end = pos + buf.len() as u64;
+        let (first, last) = (pos / PIECE, (end - 1) / PIECE);
         let state = |p: u64| self.state[p as usize].load(Ordering::Acquire);
-        let staged = |p: u64| state(p) == DONE;
+        // Bytes of piece `p` this read needs, from the piece's start.
+        let need = |p: u64| end.min((p + 1) * PIECE) - p * PIECE;
+        let short =
+            |p: u64| need(p).saturating_sub(self.filled[p as usize].load(Ordering::Acquire));
+        let staged = |p: u64| state(p) == DONE || (state(p) == NEXT && short(p) == 0);
         if !(first..=last).all(staged) {
             // A read of the very next piece (a scan at the front of the copy) takes it
             // and copies it here, rather than fetching its own span and the copy the
@@ -232,8 +256,8 @@ impl Stage {
                     return Ok(Found::Fetch);
                 }
             }
-            // Wait only for pieces about to arrive; the rest of a GET may be far off.
-            if (first..=last).any(|p| state(p) == LATER) {
+            // Wait only for bytes about to arrive; the rest of a GET may be far off.
+            if (first..=last).any(|p| state(p) == LATER || (state(p) == NEXT && short(p) > WAIT)) {
                 return Ok(Found::Fetch);
             }
             let mut g = self.lock.lock();
