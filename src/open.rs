@@ -40,14 +40,6 @@ pub fn open_with(
     };
     if let Some(codec) = Codec::detect(&magic) {
         let source = Arc::new(source);
-        if !decodes_to_tar(&source, codec) {
-            return Err(Error::Unsupported(format!(
-                "{} is {}-compressed but holds no tar archive (or is damaged at its start); \
-                 archfs mounts compressed tar archives and SquashFS images",
-                path.display(),
-                codec.name()
-            )));
-        }
         let opts = tar_options(options, &source);
         return Ok(crate::tar::open(
             source,
@@ -108,14 +100,6 @@ fn tar_options(options: &OpenOptions, source: &Source) -> crate::tar::BuildOptio
 }
 
 /// Whether the first 512 decoded bytes are a tar header.
-fn decodes_to_tar(source: &Arc<Source>, codec: Codec) -> bool {
-    let mut raw = [0u8; 512];
-    let Ok(n) = crate::compressed::first_bytes(source, codec, &mut raw) else {
-        return false;
-    };
-    n == 512 && (crate::tar::header_ok(&raw) || raw.iter().all(|&b| b == 0))
-}
-
 /// A tar archive starts with a header whose checksum holds (or is empty).
 fn is_tar(source: &Source) -> bool {
     let mut raw = [0u8; 512];

@@ -28,7 +28,7 @@ use crate::archive::Data;
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::source::{Buf, Source};
-pub use stage::Stage;
+pub use stage::{hold_copies, release_copies, Stage};
 /// The sparse-window decoder, for its fuzz target.
 pub use window::sparse as sparse_window;
 

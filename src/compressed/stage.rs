@@ -317,8 +317,11 @@ impl Stage {
             if let Some(e) = &p.failed {
                 return Err(Error::corrupt(format!("the decoded copy failed: {e}")));
             }
-            // Its slot goes before those of copies nobody waits on.
-            self.urgent.store(true, Ordering::Release);
+            // Its slot goes before those of copies nobody waits on (and past the hold).
+            if !self.urgent.swap(true, Ordering::AcqRel) {
+                let _jobs = JOBS.lock();
+                QUEUED.notify_all();
+            }
             self.moved.wait(&mut p);
         }
         drop(p);
@@ -357,6 +360,22 @@ fn queue(job: Job) -> Result<()> {
 
 static JOBS: Mutex<std::collections::VecDeque<Arc<Job>>> =
     Mutex::new(std::collections::VecDeque::new());
+/// Set while a mount opens its archives: copies nobody waits on wait for the mount to be
+/// live, rather than decode on the cores the opening needs (a union of 1,000
+/// single-frame .tar.zst shards queues 1,000 copies as it opens).
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds back copies nobody waits on until [`release_copies`].
+pub fn hold_copies() {
+    HELD.store(true, Ordering::Release);
+}
+
+/// Lets the copies held back by [`hold_copies`] go.
+pub fn release_copies() {
+    HELD.store(false, Ordering::Release);
+    let _jobs = JOBS.lock();
+    QUEUED.notify_all();
+}
 static QUEUED: Condvar = Condvar::new();
 static WORKERS: AtomicUsize = AtomicUsize::new(0);
 /// Bytes of parallel copies not yet complete (memory they are still to take).
@@ -421,7 +440,8 @@ fn pick(jobs: &std::collections::VecDeque<Arc<Job>>) -> Option<usize> {
     let urgent = jobs
         .iter()
         .position(|j| j.stage.urgent.load(Ordering::Acquire));
-    urgent.or((!jobs.is_empty()).then_some(0))
+    let held = HELD.load(Ordering::Acquire);
+    urgent.or((!jobs.is_empty() && !held).then_some(0))
 }
 
 /// States of a stretch in a parallel copy.

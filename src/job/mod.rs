@@ -219,6 +219,7 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
     // started; quiet when the server's stderr is about to go to /dev/null.
     mount.start_listing(ready_fd.is_some() && log.is_none());
     ready.send_path(mount.path());
+    crate::compressed::release_copies();
     if s.auto_mountpoint && ready_fd.is_none() {
         println!("{}", mount.path().display());
     }
@@ -471,6 +472,8 @@ fn open_and_mount(
             progress,
         },
     };
+    // Copies of compressed archives start once the mount is live ([`serve`]).
+    crate::compressed::hold_copies();
     let archive =
         crate::open::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());
