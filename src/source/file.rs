@@ -139,9 +139,21 @@ pub fn will_need(file: &File, at: u64, len: u64, piece: u64) {
 /// `None` where it is not known or readahead is off (tmpfs, Lustre and other filesystems
 /// without a device number's bdi): advice may then do nothing, and whoever must have the
 /// data reads it.
+/// Read once a device: a union of 10,000 shards asks for each as it opens them, and again
+/// as the preload reads them.
 pub fn advice_piece(file: &File) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
+    static KNOWN: parking_lot::Mutex<Vec<(u64, Option<u64>)>> = parking_lot::Mutex::new(Vec::new());
     let dev = file.metadata().ok()?.dev();
+    if let Some(&(_, piece)) = KNOWN.lock().iter().find(|(d, _)| *d == dev) {
+        return piece;
+    }
+    let piece = device_piece(dev);
+    KNOWN.lock().push((dev, piece));
+    piece
+}
+
+fn device_piece(dev: u64) -> Option<u64> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let id = format!("{major}:{minor}");
     [

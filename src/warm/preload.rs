@@ -11,7 +11,6 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -169,16 +168,20 @@ impl Plan {
         // Paths, not open files: a union of 10,000 shards would hold 10,000 more
         // descriptors. A reading thread opens the file of its chunk.
         let mut files = Vec::new();
+        // Each file's place in `files` (a search of it for each extent took 2.9 s of a
+        // core at 10,000 shards).
+        let mut seen = std::collections::HashMap::new();
         let mut chunks = Vec::new();
         for e in &self.extents {
-            let f = match files.iter().position(|(p, _): &(&Path, _)| *p == e.path) {
-                Some(i) => i,
+            let f = match seen.get(e.path.as_path()) {
+                Some(&i) => i,
                 None => match File::open(&e.path) {
                     // Already in memory: nothing to read.
                     Ok(file) if in_memory(&file) => continue,
                     Ok(file) => {
                         let piece = crate::source::advice_piece(&file);
                         files.push((e.path.as_path(), piece));
+                        seen.insert(e.path.as_path(), files.len() - 1);
                         files.len() - 1
                     }
                     Err(err) => {
@@ -194,32 +197,55 @@ impl Plan {
                 at += len;
             }
         }
+        // Small files (a union's shards) are taken a few at a time, all asked for before
+        // the reader waits on the first, so that as many bytes are in flight as with
+        // whole chunks of one file.
+        let bytes: u64 = chunks.iter().map(|c| c.2 as u64).sum();
+        let mean = bytes / chunks.len().max(1) as u64;
+        let group = (CHUNK / mean.max(1)).clamp(1, 16) as usize;
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
         std::thread::scope(|s| {
             for _ in 0..READERS.min(chunks.len()) {
                 s.spawn(|| {
                     let mut scratch = Vec::new();
-                    let mut open: Option<(usize, File)> = None;
+                    let mut open: Vec<(usize, File)> = Vec::new();
                     while !failed.load(Ordering::Relaxed) {
-                        let Some(&(f, at, len)) = chunks.get(next.fetch_add(1, Ordering::Relaxed))
-                        else {
+                        let i = next.fetch_add(group, Ordering::Relaxed);
+                        let Some(taken) = chunks.get(i..chunks.len().min(i + group)) else {
                             return;
                         };
-                        let (path, piece) = &files[f];
-                        if open.as_ref().is_none_or(|(i, _)| *i != f) {
-                            open = File::open(path).ok().map(|file| (f, file));
+                        if taken.is_empty() {
+                            return;
                         }
-                        let Some((_, file)) = &open else {
-                            continue; // gone since it was planned: reads will say so
-                        };
-                        if let Err(e) = fetch(file, *piece, at, len, &mut scratch) {
-                            tracing::warn!(
-                                "--preload stopped: reading {} at {at}: {e}; reads go on from \
-                                 the file as they come",
-                                path.display()
-                            );
-                            failed.store(true, Ordering::Relaxed);
+                        // The files of the group, opened once each (one, for a large file).
+                        open.retain(|(f, _)| taken.iter().any(|c| c.0 == *f));
+                        for &(f, at, len) in taken {
+                            if !open.iter().any(|(o, _)| *o == f) {
+                                // Gone since it was planned: reads will say so.
+                                if let Ok(file) = File::open(files[f].0) {
+                                    open.push((f, file));
+                                }
+                            }
+                            if let (Some(piece), Some((_, file))) =
+                                (files[f].1, open.iter().find(|(o, _)| *o == f))
+                            {
+                                crate::source::will_need(file, at, len as u64, piece.min(CHUNK));
+                            }
+                        }
+                        for &(f, at, len) in taken {
+                            let Some((_, file)) = open.iter().find(|(o, _)| *o == f) else {
+                                continue;
+                            };
+                            if let Err(e) = fetch(file, files[f].1, at, len, &mut scratch) {
+                                tracing::warn!(
+                                    "--preload stopped: reading {} at {at}: {e}; reads go on \
+                                     from the file as they come",
+                                    files[f].0.display()
+                                );
+                                failed.store(true, Ordering::Relaxed);
+                                return;
+                            }
                         }
                     }
                 });
@@ -236,9 +262,9 @@ impl Plan {
     }
 }
 
-/// Brings `[at, at + len)` of `file` into the page cache and waits for it. The kernel is
-/// asked to read the range ahead, `piece` bytes a call (no copy to this process), and the
-/// wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS-HISTORY.md, four
+/// Waits for `[at, at + len)` of `file` to be in the page cache. Where the kernel takes
+/// advice (`piece`), the caller has asked it to read the range ahead (no copy to this
+/// process), and the wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS-HISTORY.md, four
 /// threads doing this in 2 MiB chunks cached the file in 0.79-0.84 s, four threads reading
 /// the chunks into buffers in 1.06-1.42 s (and spent a core copying). Where the advice is
 /// not known to be taken (`piece` is `None`), the chunk is read into `scratch`.
@@ -249,10 +275,9 @@ fn fetch(
     len: usize,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
-    if let Some(piece) = piece {
-        // One call for the chunk where the device takes it whole: in 1 MiB pieces a
-        // cold epoch of the bench's tar took 0.82-1.10 s against 0.74-0.90 s.
-        crate::source::will_need(file, at, len as u64, piece.min(CHUNK));
+    if piece.is_some() {
+        // Asked for by the caller in one call where the device takes it whole (in 1 MiB
+        // pieces a cold epoch of the bench's tar took 0.82-1.10 s against 0.74-0.90 s).
         let mut last = [0u8; 1];
         return file.read_exact_at(&mut last, at + len as u64 - 1);
     }
