@@ -34,6 +34,18 @@ fn read_available() -> Option<u64> {
     }
 }
 
+/// Gives the heap's free pages back to the system, after work that leaves holes: opening
+/// a union's members side by side leaves each opening thread's malloc arena with those of
+/// its buffers, and the listing ahead those of its own (a union of 1,000 shards in
+/// per-class directories: 37 -> 31 MB of RSS after mount).
+pub fn give_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 fn meminfo_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -30,28 +30,53 @@ struct MergedDir {
 }
 
 /// Where in a merged directory's `parts` each name is, by the name's hash (a collision
-/// only adds a probe: the member's own lookup decides), so the map copies no name.
-type Names = HashMap<u64, Places>;
-
-/// The parts holding a name: nearly always one.
-enum Places {
-    One(u16),
-    Many(Vec<u16>),
+/// only adds a probe: the member's own lookup decides), so the map copies no name. A
+/// name's entry is the one part holding it, nearly always, or (with [`MANY`]) which list
+/// of `many` holds its parts: 17 bytes a name where an enum of both took 41 (a union of
+/// 1,000 shards of 200 names held 2.6x one tar's memory a file).
+#[derive(Default)]
+struct Names {
+    map: HashMap<u64, u32>,
+    many: Vec<Vec<u16>>,
 }
 
-impl Places {
-    fn add(&mut self, part: u16) {
-        match self {
-            Places::One(p) => *self = Places::Many(vec![*p, part]),
-            Places::Many(v) => v.push(part),
+const MANY: u32 = 1 << 31;
+
+impl Names {
+    fn add(&mut self, name: &[u8], part: usize) {
+        use std::collections::hash_map::Entry;
+        let part = part as u16;
+        match self.map.entry(name_hash(name)) {
+            Entry::Vacant(v) => {
+                v.insert(u32::from(part));
+            }
+            Entry::Occupied(mut o) => {
+                let at = *o.get();
+                if at & MANY == 0 {
+                    self.many.push(vec![at as u16, part]);
+                    *o.get_mut() = MANY | (self.many.len() - 1) as u32;
+                } else {
+                    self.many[(at & !MANY) as usize].push(part);
+                }
+            }
         }
     }
 
-    fn as_slice(&self) -> &[u16] {
-        match self {
-            Places::One(p) => std::slice::from_ref(p),
-            Places::Many(v) => v,
+    /// The parts that may hold `name`, as indexes into `parts`.
+    fn parts(&self, name: &[u8]) -> Vec<usize> {
+        match self.map.get(&name_hash(name)) {
+            None => Vec::new(),
+            Some(&at) if at & MANY != 0 => self.many[(at & !MANY) as usize]
+                .iter()
+                .map(|&p| usize::from(p))
+                .collect(),
+            Some(&at) => vec![at as usize],
         }
+    }
+
+    /// Distinct name hashes.
+    fn len(&self) -> usize {
+        self.map.len()
     }
 }
 
@@ -60,13 +85,6 @@ fn name_hash(name: &[u8]) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     name.hash(&mut h);
     h.finish()
-}
-
-fn add_name(names: &mut Names, name: &[u8], part: usize) {
-    names
-        .entry(name_hash(name))
-        .and_modify(|p| p.add(part as u16))
-        .or_insert(Places::One(part as u16));
 }
 
 #[derive(Default)]
@@ -151,24 +169,20 @@ impl Union {
             return Ok(dir.parts.clone());
         }
         if dir.names.get().is_none() {
-            let mut names = Names::new();
+            let mut names = Names::default();
             for (i, &(m, ino)) in dir.parts.iter().enumerate() {
                 for e in self.members[usize::from(m)].read_dir(ino)? {
-                    add_name(&mut names, &e.name, i);
+                    names.add(&e.name, i);
                 }
             }
             let _ = dir.names.set(names);
         }
         let names = dir.names.get().expect("set above");
         Ok(names
-            .get(&name_hash(name))
-            .map(|at| {
-                at.as_slice()
-                    .iter()
-                    .map(|&i| dir.parts[usize::from(i)])
-                    .collect()
-            })
-            .unwrap_or_default())
+            .parts(name)
+            .into_iter()
+            .map(|i| dir.parts[i])
+            .collect())
     }
 
     /// The winner among `found` (last member), merged with same-named directories.
@@ -228,12 +242,13 @@ impl Archive for Union {
         let d = self.merged(dir).ok_or(Error::NotDir)?;
         let mut all: Vec<(u16, DirEntry)> = Vec::new();
         // The lookups' map, from the same listings, while they are at hand.
-        let mut names = (d.parts.len() > PROBE_LIMIT && d.names.get().is_none()).then(Names::new);
+        let mut names =
+            (d.parts.len() > PROBE_LIMIT && d.names.get().is_none()).then(Names::default);
         for (i, &(m, ino)) in d.parts.iter().enumerate() {
             let listed = self.members[usize::from(m)].read_dir(ino)?;
             if let Some(names) = &mut names {
                 for e in &listed {
-                    add_name(names, &e.name, i);
+                    names.add(&e.name, i);
                 }
             }
             all.extend(listed.into_iter().map(|e| (m, e)));

@@ -268,7 +268,8 @@ pub fn load<T>(
         return Err(Rejected::Corrupt);
     }
     let mut r = In {
-        r: std::io::BufReader::with_capacity(1 << 20, file),
+        // No larger than the file: a union opens a thousand shards' indexes of a few KiB.
+        r: std::io::BufReader::with_capacity(len.min(1 << 20) as usize, file),
         left: len - 4,
         crc: crc32fast::Hasher::new(),
     };
