@@ -442,6 +442,53 @@ fn the_index_is_saved_reused_and_rebuilt_when_stale_or_damaged() {
     assert!(m.path.join("d/f0").exists() && !m.path.join("zzz").exists());
     drop(m);
 
+    // Copied elsewhere with its index (`cp -p`: another inode, the same bytes and times):
+    // the index follows it, checked by the archive's first and last 64 KiB.
+    let moved = dir.join("moved");
+    std::fs::create_dir_all(&moved).unwrap();
+    run_ok(
+        Command::new("cp")
+            .arg("-p")
+            .arg(&tar)
+            .arg(&beside)
+            .arg(&moved),
+    );
+    let moved_tar = moved.join("data.tar");
+    let mount_moved = || {
+        let _ = std::fs::remove_file(&log);
+        Mount::new(
+            &moved_tar,
+            &mnt,
+            &["--debug", "--log", log.to_str().unwrap()],
+        )
+    };
+    let m = mount_moved();
+    assert!(logged().contains("using the saved index"), "{}", logged());
+    drop(m);
+    // Other bytes of the same length written over it in place, its time put back: the
+    // same inode and size and time, another change time: rebuilt.
+    let mut bytes = std::fs::read(&moved_tar).unwrap();
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"file 7")
+        .expect("d/f7's data");
+    bytes[at..at + 6].copy_from_slice(b"FILE 7");
+    let mtime = std::fs::metadata(&moved_tar).unwrap().modified().unwrap();
+    std::fs::write(&moved_tar, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&moved_tar)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let m = mount_moved();
+    assert!(logged().contains("out of date"), "{}", logged());
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("d/f7")).unwrap(),
+        "FILE 7"
+    );
+    drop(m);
+
     // A chosen place.
     let chosen = dir.join("elsewhere/ix");
     let m = mount(&["--index", chosen.to_str().unwrap()]);

@@ -39,6 +39,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Changes whenever the bytes may have: what ties a saved index or a cached copy to
     /// this version of the archive (a local file's modification time in nanoseconds).
     fn version(&self) -> i64;
+    /// What names these exact bytes on this machine without reading them, 0 where
+    /// nothing does: a local file's device, inode and change time (a write, `cp -p`,
+    /// `touch -r`, a file renamed over it: each changes one of them).
+    fn place_id(&self) -> u64 {
+        0
+    }
     /// Whether [`version`](Self::version) comes from the server's tag of these exact
     /// bytes (an object's ETag), so that nothing need be read to tell one version from
     /// another. A local file's modification time survives `cp -p` and `touch -r`: no.
@@ -192,6 +198,14 @@ impl Source {
     /// ([`Storage::tagged`]).
     pub fn tagged(&self) -> bool {
         self.store.tagged()
+    }
+
+    /// [`Storage::place_id`] of the whole storage; 0 for a part of it.
+    pub fn place_id(&self) -> u64 {
+        if self.base != 0 || self.len != self.store.size() {
+            return 0;
+        }
+        self.store.place_id()
     }
 
     /// Whether the archive is a file of this machine ([`Storage::is_local`]).

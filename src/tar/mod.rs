@@ -447,13 +447,13 @@ pub fn open(
     debug_assert_eq!(ROOT_INO, 1);
     // The entry-point spacing is not part of it: an index built with another serves as
     // well (delete it to rebuild with a new --entry-spacing).
-    let id = persist::Identity::of(&source, opts.recursive)?;
+    let id = persist::Identity::of(&source, opts.recursive);
     let path = index_path
         .map(Path::to_owned)
         .unwrap_or_else(|| persist::default_path(source.path(), source.is_local()));
     let archive_len = source.len();
     let load = || {
-        persist::load(&path, &id, |extra| {
+        persist::load(&path, &id, &source, |extra| {
             let (points, nested) = Under::decode(extra, codec, archive_len)?;
             let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
                 .chain(nested.iter().map(|n| n.points.len()))
@@ -481,15 +481,31 @@ pub fn open(
             return Ok(Arc::new(TarArchive::from_index(body, nested, how, index)?));
         }
         Err(persist::Rejected::Missing) => {}
-        Err(why) => tracing::warn!(
-            "the saved index {} is {}; rebuilding it",
-            path.display(),
-            if why == persist::Rejected::Stale {
+        Err(why) => {
+            // A line each for the first few: after an upgrade, each of 10,000 shards
+            // would say so.
+            static SAID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let said = SAID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let what = if why == persist::Rejected::Stale {
                 "out of date"
             } else {
                 "damaged"
+            };
+            match said {
+                0..3 => tracing::warn!(
+                    "the saved index {} is {what}; rebuilding it",
+                    path.display()
+                ),
+                3 => tracing::warn!(
+                    "more saved indexes are out of date or damaged; rebuilding them (each is \
+                     named with --debug)"
+                ),
+                _ => tracing::debug!(
+                    "the saved index {} is {what}; rebuilding it",
+                    path.display()
+                ),
             }
-        ),
+        }
     }
     let started = Instant::now();
     let label = format!("indexing {}", source.path().display());
@@ -529,14 +545,17 @@ pub fn open(
         archive.index.dirent_count(),
         started.elapsed().as_secs_f64()
     );
-    if let Err(e) = persist::save(&path, &archive.index, &id, &extra) {
+    let saved = match id.read(archive.body.source()) {
+        Ok(id) => persist::save(&path, &archive.index, &id, &extra).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = saved {
         tracing::warn!("cannot save the index to {}: {e}", path.display());
     }
     // The build freed millions of small allocations (a name each) that glibc keeps for
     // reuse; the server would carry them for the whole job (95 against 56 MB resident at
     // 1.28 M entries).
-    // SAFETY: malloc_trim has no preconditions.
-    unsafe { libc::malloc_trim(0) };
+    crate::memory::give_back();
     Ok(Arc::new(archive))
 }
 

@@ -1,7 +1,10 @@
 //! The index saved next to the archive (or in the user's cache directory), so a remount
-//! of a large archive skips the scan. It is tied to the archive's size, mtime and a
-//! checksum of its first and last 64 KiB (an object's ETag instead), protected by a CRC, and validated field by
-//! field on load: a stale, corrupt or foreign file is rebuilt, never trusted.
+//! of a large archive skips the scan. It is tied to the archive's size and mtime, and to
+//! its place on this machine (device, inode, change time) or else, for an archive copied
+//! with its index, a checksum of its first and last 64 KiB (an object's ETag instead);
+//! protected by a CRC, and validated field by field on load: a stale, corrupt or foreign
+//! file is rebuilt, never trusted. A remount of 10,000 small shards read them whole for
+//! that checksum (the disk's readahead): it now reads none of them.
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -14,38 +17,72 @@ use crate::error::Result;
 use crate::source::Source;
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
-/// 4: compressed tars inside the archive in that section; 3: a section for the
-/// decoder's entry points; 2: packed columns (1 had fixed 56-byte nodes and 16-byte
-/// entries).
-const VERSION: u32 = 4;
+/// 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
+/// inside the archive in that section; 3: a section for the decoder's entry points; 2:
+/// packed columns (1 had fixed 56-byte nodes and 16-byte entries).
+///
+/// [`Storage::place_id`]: crate::source::Storage::place_id
+const VERSION: u32 = 5;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Identity {
     size: u64,
     mtime_ns: i64,
-    content: u32,
+    /// Where the archive is (a local file's device, inode and change time), 0 if unknown:
+    /// when it matches, the archive is the one indexed and `content` need not be read.
+    place: u64,
+    /// A checksum of the first and last 64 KiB; `None` until read.
+    content: Option<u32>,
     options: u32,
 }
 
 impl Identity {
-    pub fn of(source: &Source, recursive: bool) -> Result<Identity> {
-        let size = source.len();
-        let edge = 64 << 10;
-        let mut crc = crc32fast::Hasher::new();
-        // An object's ETag already names its bytes; reading its tail would cost a round
-        // trip, on a link the copy to the node is filling, before the mount is live.
-        if !source.tagged() {
-            crc.update(&source.read_vec(0, edge.min(size) as usize)?);
-            let tail = size.saturating_sub(edge);
-            crc.update(&source.read_vec(tail, (size - tail) as usize)?);
-        }
-        Ok(Identity {
-            size,
+    /// The identity of `source` as far as it is known without reading it.
+    pub fn of(source: &Source, recursive: bool) -> Identity {
+        Identity {
+            size: source.len(),
             mtime_ns: source.version(),
-            content: crc.finalize(),
+            place: source.place_id(),
+            content: None,
             options: u32::from(recursive),
-        })
+        }
+    }
+
+    /// With the checksum of the first and last 64 KiB read. An object's ETag already
+    /// names its bytes; reading its tail would cost a round trip, on a link the copy to
+    /// the node is filling, before the mount is live.
+    pub fn read(mut self, source: &Source) -> Result<Identity> {
+        if self.content.is_none() {
+            let size = source.len();
+            let edge = 64 << 10;
+            let mut crc = crc32fast::Hasher::new();
+            if !source.tagged() {
+                crc.update(&source.read_vec(0, edge.min(size) as usize)?);
+                let tail = size.saturating_sub(edge);
+                crc.update(&source.read_vec(tail, (size - tail) as usize)?);
+            }
+            self.content = Some(crc.finalize());
+        }
+        Ok(self)
+    }
+
+    /// Whether `saved` names the same archive: same size, modification time and options,
+    /// and the same place on this machine, else (an archive copied with its index) the
+    /// same first and last 64 KiB.
+    fn matches(&self, saved: &Identity, source: &Source) -> bool {
+        let same = self.size == saved.size
+            && self.mtime_ns == saved.mtime_ns
+            && self.options == saved.options;
+        if !same {
+            return false;
+        }
+        if self.place != 0 && self.place == saved.place {
+            return true;
+        }
+        (*self)
+            .read(source)
+            .is_ok_and(|id| id.content == saved.content)
     }
 }
 
@@ -135,7 +172,8 @@ fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
     o.u32(VERSION);
     o.u64(id.size);
     o.u64(id.mtime_ns as u64);
-    o.u32(id.content);
+    o.u64(id.place);
+    o.u32(id.content.unwrap_or(0));
     o.u32(id.options);
     o.bytes(extra);
     o.u64(ix.nodes as u64);
@@ -260,6 +298,7 @@ pub enum Rejected {
 pub fn load<T>(
     path: &Path,
     id: &Identity,
+    source: &Source,
     extra: impl FnOnce(&[u8]) -> Option<(T, Vec<u64>)>,
 ) -> std::result::Result<(Index, T), Rejected> {
     let file = std::fs::File::open(path).map_err(|_| Rejected::Missing)?;
@@ -276,18 +315,26 @@ pub fn load<T>(
     let header = (|| {
         let magic: [u8; 8] = r.array()?;
         let version = r.u32()?;
-        let saved = Identity {
+        if &magic != MAGIC {
+            return Some(Err(Rejected::Corrupt));
+        }
+        // An index of another version of archfs: built again, like a stale one.
+        if version != VERSION {
+            return Some(Err(Rejected::Stale));
+        }
+        Some(Ok(Identity {
             size: r.u64()?,
             mtime_ns: r.u64()? as i64,
-            content: r.u32()?,
+            place: r.u64()?,
+            content: Some(r.u32()?),
             options: r.u32()?,
-        };
-        Some((&magic == MAGIC, version, saved))
+        }))
     })();
     match header {
-        Some((true, VERSION, saved)) if saved == *id => {}
-        Some((true, VERSION, _)) => return Err(Rejected::Stale),
-        _ => return Err(Rejected::Corrupt),
+        Some(Ok(saved)) if id.matches(&saved, source) => {}
+        Some(Ok(_)) => return Err(Rejected::Stale),
+        Some(Err(why)) => return Err(why),
+        None => return Err(Rejected::Corrupt),
     }
     let under = r.bytes().ok_or(Rejected::Corrupt)?;
     let index = decode(&mut r).ok_or(Rejected::Corrupt)?;
