@@ -413,13 +413,18 @@ impl Inner {
             buf.copy_from_slice(&bytes[..buf.len()]);
             spans().lock().add(self.id, pos, bytes.into());
         }
+        self.span_done((pos, end));
+        got
+    }
+
+    /// The GET of `span` is over (its bytes kept, or not): the reads waiting on it go on.
+    fn span_done(&self, span: (u64, u64)) {
         let mut pending = self.pending.lock();
-        if let Some(i) = pending.iter().position(|&p| p == (pos, end)) {
+        if let Some(i) = pending.iter().position(|&p| p == span) {
             pending.swap_remove(i);
         }
         drop(pending);
         self.landed.notify_all();
-        got
     }
 
     /// Notes a large read of `[pos, pos + len)`; when it continues an earlier one (a
@@ -495,12 +500,7 @@ impl Inner {
                 let _ = chunks().get_or_load(self.key(c), || Ok(piece.to_vec()));
             }
         }
-        let mut pending = self.pending.lock();
-        if let Some(i) = pending.iter().position(|&p| p == (from, to)) {
-            pending.swap_remove(i);
-        }
-        drop(pending);
-        self.landed.notify_all();
+        self.span_done((from, to));
         fetched
     }
 
