@@ -18,6 +18,15 @@ pub enum Error {
     NotSymlink,
     #[error("no such extended attribute")]
     NoXattr,
+    #[error("too many levels of symbolic links")]
+    Loop,
+    /// An archive (an object in object storage) that is not there: the message says
+    /// where it was looked for.
+    #[error("{0}")]
+    Absent(String),
+    /// An archive the credentials may not read: the message says whose they are.
+    #[error("{0}")]
+    Denied(String),
     /// The archive contradicts itself: a bad offset, size or checksum.
     #[error("corrupt archive: {0}")]
     Corrupt(String),
@@ -41,6 +50,9 @@ impl Error {
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink => libc::EINVAL,
             Error::NoXattr => libc::ENODATA,
+            Error::Loop => libc::ELOOP,
+            Error::Absent(_) => libc::ENOENT,
+            Error::Denied(_) => libc::EACCES,
             Error::Corrupt(_) | Error::Unsupported(_) | Error::Io { .. } => libc::EIO,
         }
     }

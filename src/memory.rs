@@ -9,8 +9,9 @@ use std::path::Path;
 /// opens them, each time ~15 files of /proc and /sys.
 pub fn available() -> Option<u64> {
     use std::time::{Duration, Instant};
-    static LAST: parking_lot::Mutex<Option<(Instant, Option<u64>)>> = parking_lot::Mutex::new(None);
-    let mut last = LAST.lock();
+    type Last = parking_lot::Mutex<Option<(Instant, Option<u64>)>>;
+    static LAST: crate::per_process::PerProcess<Last> = crate::per_process::PerProcess::new();
+    let mut last = LAST.get(|| parking_lot::Mutex::new(None)).lock();
     if let Some((at, free)) = *last {
         if at.elapsed() < Duration::from_millis(100) {
             return free;

@@ -23,6 +23,10 @@ against copying first (`aws s3 cp`), ratarmount through fsspec/s3fs and rclone m
 to the first batch and to the end of the first epoch, GETs and bytes, beside streaming the
 object once over the same link.
 
+`--inproc` is another (scripts/archbench/inproc.py): the in-process reader
+(`archfs.open_archive`, `archfs.torch.ImageFolder`) beside the mount and the plain
+directory, at 10,000 and 1.28 M files.
+
 Workloads, each cold (readers started, then page cache dropped and a fresh mount, timed from
 the moment the mount is live) then warm (second pass, same mount):
 shuffled whole-file epochs with 1/2/4 reader processes; 500 single-file read latencies;
@@ -50,6 +54,8 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 #   plots      the PNG plots (matplotlib, in the bench venv)
 #   scale      the --scale mode
 #   remote     the --remote mode: s3:// URLs over an emulated network
+#   shards     the --shards mode: unions of WebDataset shards
+#   inproc     the --inproc mode: the in-process reader beside the mount
 #   cli        the flags and the orchestration of a run
 
 import os

@@ -195,6 +195,48 @@ def helper_imagefolder(argv):
     print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
 
 
+def helper_read_archive(argv):
+    """_read_archive ARCHIVE LIST START STEP: after 'go', open ARCHIVE in this process
+    (archfs.open_archive, as a DataLoader worker does) and read files START::STEP of LIST
+    whole by path."""
+    import archfs
+    archive, listfile, start, step = argv[0], argv[1], int(argv[2]), int(argv[3])
+    with open(listfile) as f:
+        entries = [line.rstrip("\n").split("\t") for line in f][start::step]
+    paths = [(p, int(s)) for p, s in entries]
+    errors = total = 0
+    first_error = None
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    t0 = time.perf_counter()
+    a = archfs.open_archive(archive)
+    opened = time.perf_counter() - t0
+    read = a.read
+    for p, size in paths:
+        try:
+            n = len(read(p))
+            total += n
+            if n != size:
+                errors += 1
+                first_error = first_error or f"{p}: read {n} bytes, expected {size}"
+        except OSError as e:
+            errors += 1
+            first_error = first_error or f"{p}: {e}"
+    print(json.dumps({"files": len(paths), "bytes": total, "errors": errors,
+                      "first_error": first_error, "open_s": opened,
+                      "elapsed": time.perf_counter() - t0}))
+
+
+def helper_imagefolder_archive(argv):
+    """_imagefolder_archive ARCHIVE: archfs.torch.ImageFolder's index of the archive's root,
+    timed from opening the archive."""
+    from archfs.torch import ImageFolder
+    t0 = time.perf_counter()
+    n = len(ImageFolder(argv[0]).samples)
+    print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
+
+
 def helper_remote(argv):
     """_remote relay|s3 ...: the --remote bench's helpers (remote.py)."""
     from .remote import helper
@@ -203,4 +245,5 @@ def helper_remote(argv):
 
 HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
            "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
-           "_remote": helper_remote}
+           "_remote": helper_remote, "_read_archive": helper_read_archive,
+           "_imagefolder_archive": helper_imagefolder_archive}

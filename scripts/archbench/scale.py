@@ -295,14 +295,19 @@ class Scale:
             self.rec(section, t.name, "imagefolder_warm", self.listing(t.root, n))
         self.guarded(section, t, "imagefolder", f)
 
+    def shuffled(self, manifest, run, readers, name):
+        """A list file of `manifest` in the shuffled order of run `run` with `readers`."""
+        rnd = random.Random(self.args.seed * 7919 + run * 31 + readers)
+        order = list(manifest)
+        rnd.shuffle(order)
+        lf = os.path.join(self.tmp, name)
+        write_list(lf, order)
+        return lf
+
     def epochs(self, section, t, manifest, run):
         n, nbytes = len(manifest), sum(s for _, s in manifest)
         for readers in self.args.readers:
-            rnd = random.Random(self.args.seed * 7919 + run * 31 + readers)
-            order = list(manifest)
-            rnd.shuffle(order)
-            lf = os.path.join(self.tmp, "scale-order.tsv")
-            write_list(lf, order)
+            lf = self.shuffled(manifest, run, readers, "scale-order.tsv")
             listed = {}
 
             def cold_start():

@@ -4,6 +4,7 @@
 //! format: choosing one is [`crate::open`]'s.
 
 pub mod check;
+pub mod path;
 mod union;
 
 use std::ops::{Deref, Range};

@@ -18,6 +18,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{fill, Codec, Decoder, Points, BLOCK};
 use crate::error::{Error, Result};
+use crate::per_process::PerProcess;
 use crate::source::{scratch, Source};
 
 pub struct Stage {
@@ -59,11 +60,11 @@ impl Stage {
         // Reserved like a parallel copy's, so the copies of many shards together decide
         // between memory and disk.
         let len = points.len();
-        let pending = PENDING.fetch_add(len, Ordering::AcqRel) + len;
+        let pending = copies().pending.fetch_add(len, Ordering::AcqRel) + len;
         let stage = match Stage::new(len, pending, dir, None) {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                PENDING.fetch_sub(len, Ordering::AcqRel);
+                copies().pending.fetch_sub(len, Ordering::AcqRel);
                 return Err(e);
             }
         };
@@ -90,16 +91,16 @@ impl Stage {
         memory_only: bool,
     ) -> Result<Option<Arc<Stage>>> {
         let len = points.len();
-        let pending = PENDING.fetch_add(len, Ordering::AcqRel) + len;
+        let pending = copies().pending.fetch_add(len, Ordering::AcqRel) + len;
         if memory_only && !fits(pending) {
-            PENDING.fetch_sub(len, Ordering::AcqRel);
+            copies().pending.fetch_sub(len, Ordering::AcqRel);
             return Ok(None);
         }
         let copied = (0..points.count()).map(|_| AtomicU8::new(FREE)).collect();
         let stage = match Stage::new(len, pending, dir, Some((points, copied))) {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                PENDING.fetch_sub(len, Ordering::AcqRel);
+                copies().pending.fetch_sub(len, Ordering::AcqRel);
                 return Err(e);
             }
         };
@@ -334,8 +335,9 @@ impl Stage {
             }
             // Its slot goes before those of copies nobody waits on (and past the hold).
             if !self.urgent.swap(true, Ordering::AcqRel) {
-                let _jobs = JOBS.lock();
-                QUEUED.notify_all();
+                let c = copies();
+                let _jobs = c.jobs.lock();
+                c.queued.notify_all();
             }
             self.moved.wait(&mut p);
         }
@@ -361,10 +363,11 @@ struct Job {
 
 /// Queues `job` and starts the copying threads not yet started.
 fn queue(job: Job) -> Result<()> {
-    JOBS.lock().push_back(Arc::new(job));
-    QUEUED.notify_all();
-    while WORKERS.load(Ordering::Acquire) < super::threads() {
-        let n = WORKERS.fetch_add(1, Ordering::AcqRel);
+    let c = copies();
+    c.jobs.lock().push_back(Arc::new(job));
+    c.queued.notify_all();
+    while c.workers.load(Ordering::Acquire) < super::threads() {
+        let n = c.workers.fetch_add(1, Ordering::AcqRel);
         std::thread::Builder::new()
             .name(format!("archfs-stage-{n}"))
             .spawn(copy_jobs)
@@ -373,28 +376,43 @@ fn queue(job: Job) -> Result<()> {
     Ok(())
 }
 
-static JOBS: Mutex<std::collections::VecDeque<Arc<Job>>> =
-    Mutex::new(std::collections::VecDeque::new());
-/// Set while a mount opens its archives: copies nobody waits on wait for the mount to be
-/// live, rather than decode on the cores the opening needs (a union of 1,000
-/// single-frame .tar.zst shards queues 1,000 copies as it opens).
-static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The copies of this process and the threads that make them.
+struct Copies {
+    jobs: Mutex<std::collections::VecDeque<Arc<Job>>>,
+    queued: Condvar,
+    /// Copying threads started.
+    workers: AtomicUsize,
+    /// Bytes of parallel copies not yet complete (memory they are still to take).
+    pending: std::sync::atomic::AtomicU64,
+    /// Set while a mount opens its archives: copies nobody waits on wait for the mount
+    /// to be live, rather than decode on the cores the opening needs (a union of 1,000
+    /// single-frame .tar.zst shards queues 1,000 copies as it opens).
+    held: std::sync::atomic::AtomicBool,
+}
+
+fn copies() -> &'static Copies {
+    static COPIES: PerProcess<Copies> = PerProcess::new();
+    COPIES.get(|| Copies {
+        jobs: Mutex::new(std::collections::VecDeque::new()),
+        queued: Condvar::new(),
+        workers: AtomicUsize::new(0),
+        pending: std::sync::atomic::AtomicU64::new(0),
+        held: std::sync::atomic::AtomicBool::new(false),
+    })
+}
 
 /// Holds back copies nobody waits on until [`release_copies`].
 pub fn hold_copies() {
-    HELD.store(true, Ordering::Release);
+    copies().held.store(true, Ordering::Release);
 }
 
 /// Lets the copies held back by [`hold_copies`] go.
 pub fn release_copies() {
-    HELD.store(false, Ordering::Release);
-    let _jobs = JOBS.lock();
-    QUEUED.notify_all();
+    let c = copies();
+    c.held.store(false, Ordering::Release);
+    let _jobs = c.jobs.lock();
+    c.queued.notify_all();
 }
-static QUEUED: Condvar = Condvar::new();
-static WORKERS: AtomicUsize = AtomicUsize::new(0);
-/// Bytes of parallel copies not yet complete (memory they are still to take).
-static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A copying thread: takes a front-to-back copy a reader waits on, else the oldest
 /// queued copy; works on a parallel one with the others until none of its stretches is
@@ -402,12 +420,12 @@ static PENDING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 fn copy_jobs() {
     loop {
         let job = {
-            let mut jobs = JOBS.lock();
+            let mut jobs = copies().jobs.lock();
             loop {
                 match pick(&jobs) {
                     Some(i) if jobs[i].whole.is_some() => break jobs.remove(i).expect("queued"),
                     Some(i) => break jobs[i].clone(),
-                    None => QUEUED.wait(&mut jobs),
+                    None => copies().queued.wait(&mut jobs),
                 }
             }
         };
@@ -426,13 +444,13 @@ fn copy_jobs() {
         let last = s.running.fetch_sub(1, Ordering::AcqRel) == 1;
         let taken = job.whole.is_some() || job.next.load(Ordering::Acquire) >= s.stretches();
         if job.whole.is_none() && taken {
-            let mut jobs = JOBS.lock();
+            let mut jobs = copies().jobs.lock();
             if let Some(i) = jobs.iter().position(|j| Arc::ptr_eq(j, &job)) {
                 jobs.remove(i);
             }
         }
         if last && taken && !s.done.swap(true, Ordering::AcqRel) {
-            PENDING.fetch_sub(s.len, Ordering::AcqRel);
+            copies().pending.fetch_sub(s.len, Ordering::AcqRel);
             tracing::info!(
                 "decoded copy of {} complete: {} MiB in {:.1} s",
                 job.source.path().display(),
@@ -445,7 +463,9 @@ fn copy_jobs() {
 
 /// Whether a reader waits on a front-to-back copy no thread has taken yet.
 fn urgent_queued() -> bool {
-    JOBS.lock()
+    copies()
+        .jobs
+        .lock()
         .iter()
         .any(|j| j.whole.is_some() && j.stage.urgent.load(Ordering::Acquire))
 }
@@ -455,7 +475,7 @@ fn pick(jobs: &std::collections::VecDeque<Arc<Job>>) -> Option<usize> {
     let urgent = jobs
         .iter()
         .position(|j| j.stage.urgent.load(Ordering::Acquire));
-    let held = HELD.load(Ordering::Acquire);
+    let held = copies().held.load(Ordering::Acquire);
     urgent.or((!jobs.is_empty() && !held).then_some(0))
 }
 

@@ -40,8 +40,10 @@ impl Mount {
     ) -> Result<Mount, String> {
         if !Path::new("/dev/fuse").exists() {
             return Err(
-                "/dev/fuse is missing: this machine has no FUSE support loaded \
-                        (ask the administrator to `modprobe fuse`)"
+                "/dev/fuse is missing: this machine or container has no FUSE (ask the \
+                 administrator to `modprobe fuse`, or start the container with \
+                 `--device /dev/fuse`); from Python, read the archive without a mount: \
+                 `archfs.open_archive(ARCHIVE)` or `archfs.torch.ImageFolder(ARCHIVE)`"
                     .into(),
             );
         }

@@ -164,13 +164,15 @@ pub fn will_need(file: &File, at: u64, len: u64, piece: u64) {
 /// as the preload reads them.
 pub fn advice_piece(file: &File) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    static KNOWN: parking_lot::Mutex<Vec<(u64, Option<u64>)>> = parking_lot::Mutex::new(Vec::new());
+    type Known = parking_lot::Mutex<Vec<(u64, Option<u64>)>>;
+    static KNOWN: crate::per_process::PerProcess<Known> = crate::per_process::PerProcess::new();
+    let known = KNOWN.get(|| parking_lot::Mutex::new(Vec::new()));
     let dev = file.metadata().ok()?.dev();
-    if let Some(&(_, piece)) = KNOWN.lock().iter().find(|(d, _)| *d == dev) {
+    if let Some(&(_, piece)) = known.lock().iter().find(|(d, _)| *d == dev) {
         return piece;
     }
     let piece = device_piece(dev);
-    KNOWN.lock().push((dev, piece));
+    known.lock().push((dev, piece));
     piece
 }
 

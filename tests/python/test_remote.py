@@ -3,11 +3,12 @@ module starts on loopback and fills with boto3. scripts/pytest stages `weed` (fr
 scripts/setup makes) and names it in ARCHFS_WEED, and installs boto3 beside pytest; it runs
 this file as root and as an ordinary user, who then runs the server too.
 
-The package has no in-process reader (it drives the binary, which mounts): what Python
-reads of an object here goes through a mount."""
+Objects are read through a mount, and in this process by archfs.open_archive and fsspec's
+archfs protocol, forked children included."""
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -231,3 +232,52 @@ def test_a_missing_object_raises_mount_error_naming_it(aws, tmp_path):
     assert "s3://empty/absent.tar" in msg and "no such object" in msg, msg
     assert "\n" not in msg and SECRET_KEY not in msg
     assert not os.path.ismount(tmp_path / "mnt")
+
+
+def in_child(fn, secs=DEADLINE):
+    """fn() in a child made by os.fork, as DataLoader makes its workers: what it returned
+    (bytes), or a failure if it hung past `secs`."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, fn())
+        finally:
+            os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], secs)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"a forked child hung for {secs} s")
+    out = os.read(r, 1 << 16)
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_s3_objects_read_in_process_in_forked_children_and_through_fsspec(aws, tree, tmp_path):
+    import fsspec
+
+    aws.client.create_bucket(Bucket="inproc")
+    tar = tmp_path / "data.tar.gz"
+    subprocess.run(["tar", "-czf", str(tar), "-C", str(tree), "."], check=True)
+    img = tmp_path / "data.sqfs"
+    subprocess.run(["mksquashfs", str(tree), str(img), "-noappend", "-quiet", "-no-progress"],
+                   check=True)
+    aws.client.upload_file(str(tar), "inproc", "shards/a.tar.gz")
+    aws.client.upload_file(str(img), "inproc", "b.sqfs")
+    want = files(tree)
+    names = sorted(want)
+    for url in ["s3://inproc/shards/a.tar.gz", "s3://inproc/b.sqfs", "s3://inproc/shards/"]:
+        a = archfs.open_archive(url)
+        assert dict(zip(names, a.read_many(names))) == want, url
+        # The parent has read (its copy and connections are under way): a child reads
+        # with threads and connections of its own.
+        got = in_child(lambda: b"ok" if a.read_many(names) == [want[n] for n in names]
+                       else b"bad")
+        assert got == b"ok", url
+        fs = fsspec.filesystem("archfs", fo=url)
+        assert sorted(fs.ls("train", detail=False)) == ["train/cat", "train/dog"]
+        assert fs.cat_file("train/dog/5.jpg", 3, 10) == want["train/dog/5.jpg"][3:10]
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        archfs.open_archive("s3://inproc/absent.sqfs")

@@ -14,6 +14,8 @@ use ureq::tls::{RootCerts, TlsConfig};
 
 use super::config::Credentials;
 use super::sigv4;
+use crate::error::Error;
+use crate::per_process::PerProcess;
 
 /// Requests answered, and body bytes read, by every client of the process.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
@@ -89,8 +91,10 @@ impl Client {
     /// The process's client for `ca_bundle`: one per bundle, so the limit on requests in
     /// flight holds for all objects of a mount together.
     pub fn shared(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
-        static CLIENTS: Mutex<Vec<(Option<PathBuf>, Arc<Client>)>> = Mutex::new(Vec::new());
-        let mut clients = CLIENTS.lock();
+        // A forked child's own: the parent's pooled connections are the parent's.
+        type Clients = Mutex<Vec<(Option<PathBuf>, Arc<Client>)>>;
+        static CLIENTS: PerProcess<Clients> = PerProcess::new();
+        let mut clients = CLIENTS.get(|| Mutex::new(Vec::new())).lock();
         if let Some((_, c)) = clients.iter().find(|(k, _)| k.as_ref() == ca_bundle) {
             return Ok(c.clone());
         }
@@ -572,6 +576,26 @@ fn classify(
     } else {
         format!("{said}; {hint}")
     }))
+}
+
+/// An object the server would not give, as the error whose errno says why (a Python
+/// caller gets `FileNotFoundError` or `PermissionError`), by the hints above.
+pub fn refusal(message: String) -> Error {
+    if message.contains("there is no such object") || message.contains("there is no such bucket") {
+        Error::Absent(message)
+    } else if [
+        "the secret key does not match",
+        "the access key is unknown",
+        "anonymous access refused",
+        "access denied to these credentials",
+    ]
+    .iter()
+    .any(|hint| message.contains(hint))
+    {
+        Error::Denied(message)
+    } else {
+        Error::Unsupported(message)
+    }
 }
 
 /// The bodies of the `<name>` elements of an XML document.

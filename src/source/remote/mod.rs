@@ -18,13 +18,14 @@ mod url;
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::Storage;
 use crate::cache::BlockCache;
 use crate::error::{Error, Result};
+use crate::per_process::PerProcess;
 pub use http::totals as remote_totals;
 pub use url::is_url;
 use url::Location;
@@ -115,7 +116,7 @@ impl RemoteObject {
         }
         let (target, ca_bundle) = target(&location, options).map_err(Error::Unsupported)?;
         let client = http::Client::shared(ca_bundle.as_ref()).map_err(Error::Unsupported)?;
-        let meta = client.head(&target).map_err(Error::Unsupported)?;
+        let meta = client.head(&target).map_err(http::refusal)?;
         tracing::info!(
             "{}: {} bytes, ETag {}, from {}",
             target.name,
@@ -307,8 +308,8 @@ struct Spans {
 }
 
 fn spans() -> &'static Mutex<Spans> {
-    static SPANS: OnceLock<Mutex<Spans>> = OnceLock::new();
-    SPANS.get_or_init(Mutex::default)
+    static SPANS: PerProcess<Mutex<Spans>> = PerProcess::new();
+    SPANS.get(Mutex::default)
 }
 
 impl Spans {
@@ -340,8 +341,8 @@ impl Spans {
 
 /// The chunks of every object of the process, keyed by [`Inner::key`].
 fn chunks() -> &'static BlockCache<Vec<u8>> {
-    static CHUNKS: OnceLock<BlockCache<Vec<u8>>> = OnceLock::new();
-    CHUNKS.get_or_init(|| BlockCache::new("remote chunk", CHUNK_CACHE))
+    static CHUNKS: PerProcess<BlockCache<Vec<u8>>> = PerProcess::new();
+    CHUNKS.get(|| BlockCache::new("remote chunk", CHUNK_CACHE))
 }
 
 impl Inner {
@@ -687,12 +688,12 @@ struct Ahead {
 }
 
 fn ahead() -> &'static Ahead {
-    static AHEAD: OnceLock<&'static Ahead> = OnceLock::new();
-    AHEAD.get_or_init(|| {
-        let a: &'static Ahead = Box::leak(Box::new(Ahead {
-            queue: Mutex::new(VecDeque::new()),
-            ready: Condvar::new(),
-        }));
+    static AHEAD: PerProcess<Ahead> = PerProcess::new();
+    let (a, made) = AHEAD.get_or_make(|| Ahead {
+        queue: Mutex::new(VecDeque::new()),
+        ready: Condvar::new(),
+    });
+    if made {
         for i in 0..AHEAD_THREADS {
             let _ = std::thread::Builder::new()
                 .name(format!("archfs-ahead-{i}"))
@@ -709,8 +710,8 @@ fn ahead() -> &'static Ahead {
                     inner.fetch_ahead(at, len);
                 });
         }
-        a
-    })
+    }
+    a
 }
 
 impl Ahead {

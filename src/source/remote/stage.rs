@@ -11,12 +11,13 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::http::{Client, Target};
+use crate::per_process::PerProcess;
 use crate::source::scratch;
 
 /// What the copy marks as copied at once: a read of bytes in flight waits for their
@@ -297,19 +298,19 @@ struct Pool {
 }
 
 fn pool() -> &'static Pool {
-    static POOL: OnceLock<&'static Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let pool: &'static Pool = Box::leak(Box::new(Pool {
-            jobs: Mutex::new(VecDeque::new()),
-            queued: Condvar::new(),
-        }));
+    static POOL: PerProcess<Pool> = PerProcess::new();
+    let (pool, made) = POOL.get_or_make(|| Pool {
+        jobs: Mutex::new(VecDeque::new()),
+        queued: Condvar::new(),
+    });
+    if made {
         for i in 0..WORKERS {
             let _ = std::thread::Builder::new()
                 .name(format!("archfs-stage-{i}"))
                 .spawn(move || pool.work());
         }
-        pool
-    })
+    }
+    pool
 }
 
 impl Pool {

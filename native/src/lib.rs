@@ -1,0 +1,347 @@
+//! `archfs._native`: the archive interface for a Python process that reads an archive in
+//! place, where there is no `/dev/fuse` or where a mount's open/close per file costs more
+//! than the read. Thin: paths in, bytes and stat fields out, every call's work done with
+//! the GIL released. The Python package (python/archfs/reader.py) builds the API users
+//! see on top of it.
+
+use std::ffi::OsStr;
+use std::mem::ManuallyDrop;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use archfs::archive::path::{files_under, read_into, walk};
+use archfs::archive::{Archive as Reader, Attr, Kind};
+use archfs::cache::CacheConfig;
+use archfs::error::Error;
+use archfs::open::{open_many, OpenOptions};
+use archfs::source::RemoteOptions;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+
+/// `os.stat_result`'s fields, in the order python/archfs/reader.py reads them:
+/// mode, ino, nlink, uid, gid, size, mtime, mtime_nsec, rdev, blocks.
+type Stat = (u32, u64, u32, u32, u32, u64, i64, u32, u32, u64);
+
+/// A directory entry: name, `S_IFMT` bits, stat fields when asked for.
+type Entry<'py> = (Bound<'py, PyString>, u32, Option<Stat>);
+
+/// An open archive (or union of archives). Its threads and locks belong to the process
+/// that opened it: in a child made by `fork` it is never used (the Python side opens
+/// its own) and never dropped, since dropping could wait on threads the child lacks.
+#[pyclass(frozen, module = "archfs._native")]
+struct Archive {
+    inner: ManuallyDrop<Arc<dyn Reader>>,
+    pid: u32,
+}
+
+impl Drop for Archive {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+        }
+    }
+}
+
+#[pymethods]
+impl Archive {
+    #[new]
+    #[pyo3(signature = (paths, recursive=false, cache_size=None, no_sign_request=false))]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<PathBuf>,
+        recursive: bool,
+        cache_size: Option<u64>,
+        no_sign_request: bool,
+    ) -> PyResult<Self> {
+        if paths.is_empty() {
+            return Err(PyValueError::new_err("no archive given"));
+        }
+        let cache = CacheConfig {
+            total_bytes: cache_size.unwrap_or(DEFAULT_CACHE).max(1 << 20),
+        };
+        let options = OpenOptions {
+            recursive,
+            remote: RemoteOptions {
+                no_sign_request,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let opened = py.detach(|| open_many(&paths, &cache, &options));
+        let name = paths[0].as_os_str().as_bytes().to_vec();
+        Ok(Archive {
+            inner: ManuallyDrop::new(opened.map_err(|e| open_error(e, &name))?),
+            pid: std::process::id(),
+        })
+    }
+
+    /// The format, as `archfs info` names it.
+    fn format(&self) -> String {
+        self.inner.format()
+    }
+
+    /// Stat fields of `path`, its last link followed when `follow`.
+    fn stat(&self, py: Python<'_>, path: &[u8], follow: bool) -> PyResult<Stat> {
+        let a = self.archive();
+        let attr = py
+            .detach(|| walk(&*a, path, follow))
+            .map_err(|e| to_py(e, path))?;
+        Ok(stat(&attr))
+    }
+
+    /// The entries of directory `path` as (name, kind, stat fields or None): `kind` is
+    /// the file type's `S_IFMT` bits; stat fields when `attrs`.
+    fn listdir<'py>(
+        &self,
+        py: Python<'py>,
+        path: &[u8],
+        attrs: bool,
+    ) -> PyResult<Vec<Entry<'py>>> {
+        let a = self.archive();
+        let found = py
+            .detach(|| -> archfs::error::Result<_> {
+                let dir = walk(&*a, path, true)?;
+                if dir.kind != Kind::Dir {
+                    return Err(Error::NotDir);
+                }
+                let entries = a.read_dir(dir.ino)?;
+                let stats = if attrs {
+                    entries
+                        .iter()
+                        .map(|e| a.attr(e.ino).map(|x| Some(stat(&x))))
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    vec![None; entries.len()]
+                };
+                Ok((entries, stats))
+            })
+            .map_err(|e| to_py(e, path))?;
+        let (entries, stats) = found;
+        Ok(entries
+            .iter()
+            .zip(stats)
+            .map(|(e, s)| (name(py, &e.name), kind_bits(e.kind), s))
+            .collect())
+    }
+
+    /// Bytes `offset..offset+size` of file `path` (to its end when `size` is None),
+    /// links followed.
+    #[pyo3(signature = (path, offset=0, size=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        path: &[u8],
+        offset: u64,
+        size: Option<u64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let a = self.archive();
+        let data = py
+            .detach(|| read_path(&*a, path, offset, size))
+            .map_err(|e| to_py(e, path))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Each of `paths` whole, in one call: the GIL released once for all of them.
+    fn read_many<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<Vec<u8>>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let a = self.archive();
+        let read = py.detach(|| {
+            let mut out = Vec::with_capacity(paths.len());
+            for p in &paths {
+                match read_path(&*a, p, 0, None) {
+                    Ok(d) => out.push(d),
+                    Err(e) => return Err((e, p.clone())),
+                }
+            }
+            Ok(out)
+        });
+        let read = read.map_err(|(e, p)| to_py(e, &p))?;
+        Ok(read.iter().map(|d| PyBytes::new(py, d)).collect())
+    }
+
+    /// The inode number and size of the file at `path` (links followed), for a file
+    /// object's reads by [`Archive::pread`].
+    fn open(&self, py: Python<'_>, path: &[u8]) -> PyResult<(u64, u64)> {
+        let a = self.archive();
+        let attr = py
+            .detach(|| match walk(&*a, path, true)? {
+                d if d.kind == Kind::Dir => Err(Error::IsDir),
+                f => Ok(f),
+            })
+            .map_err(|e| to_py(e, path))?;
+        Ok((attr.ino, attr.size))
+    }
+
+    /// Up to `size` bytes from `offset` of the file with inode `ino` (from `open`).
+    fn pread<'py>(
+        &self,
+        py: Python<'py>,
+        ino: u64,
+        offset: u64,
+        size: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let a = self.archive();
+        let data = py
+            .detach(|| {
+                let mut buf = vec![0; size];
+                let n = read_into(&*a, ino, offset, &mut buf)?;
+                buf.truncate(n);
+                Ok(buf)
+            })
+            .map_err(|e| to_py(e, format!("inode {ino}").as_bytes()))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// A symbolic link's target.
+    fn readlink<'py>(&self, py: Python<'py>, path: &[u8]) -> PyResult<Bound<'py, PyString>> {
+        let a = self.archive();
+        let target = py
+            .detach(|| {
+                let attr = walk(&*a, path, false)?;
+                a.readlink(attr.ino)
+            })
+            .map_err(|e| to_py(e, path))?;
+        Ok(name(py, &target))
+    }
+
+    /// Extended attributes of `path` as (name, value).
+    fn xattrs<'py>(
+        &self,
+        py: Python<'py>,
+        path: &[u8],
+        follow: bool,
+    ) -> PyResult<Vec<(Bound<'py, PyString>, Bound<'py, PyBytes>)>> {
+        let a = self.archive();
+        let all = py
+            .detach(|| {
+                let attr = walk(&*a, path, follow)?;
+                a.xattrs(attr.ino)
+            })
+            .map_err(|e| to_py(e, path))?;
+        Ok(all
+            .iter()
+            .map(|(k, v)| (name(py, k), PyBytes::new(py, v)))
+            .collect())
+    }
+
+    /// The files under directory `root` as `root/.../name` paths, in the order an
+    /// ImageFolder index takes them (see `archfs::archive::path::files_under`), only
+    /// those ending in one of `suffixes` (lowercase) when given.
+    #[pyo3(signature = (root, suffixes=None))]
+    fn files<'py>(
+        &self,
+        py: Python<'py>,
+        root: &[u8],
+        suffixes: Option<Vec<String>>,
+    ) -> PyResult<Vec<Bound<'py, PyString>>> {
+        let a = self.archive();
+        let found = py
+            .detach(|| files_under(&*a, root, suffixes.as_deref()))
+            .map_err(|e| to_py(e, root))?;
+        Ok(found.iter().map(|p| name(py, p)).collect())
+    }
+}
+
+impl Archive {
+    fn archive(&self) -> Arc<dyn Reader> {
+        Arc::clone(&self.inner)
+    }
+}
+
+/// The block cache of one process: DataLoader runs several, each with its own.
+const DEFAULT_CACHE: u64 = 128 << 20;
+
+fn read_path(
+    a: &dyn Reader,
+    path: &[u8],
+    offset: u64,
+    size: Option<u64>,
+) -> archfs::error::Result<Vec<u8>> {
+    let attr = walk(a, path, true)?;
+    if attr.kind == Kind::Dir {
+        return Err(Error::IsDir);
+    }
+    let left = attr.size.saturating_sub(offset);
+    let want = size.map_or(left, |s| s.min(left));
+    let want = usize::try_from(want)
+        .map_err(|_| Error::Unsupported("the file is too large to read at once".into()))?;
+    let mut buf = vec![0; want];
+    let n = read_into(a, attr.ino, offset, &mut buf)?;
+    if n < want {
+        return Err(Error::corrupt(format!(
+            "the file holds {n} of the {want} bytes its size says"
+        )));
+    }
+    Ok(buf)
+}
+
+fn stat(a: &Attr) -> Stat {
+    (
+        kind_bits(a.kind) | u32::from(a.perm),
+        a.ino,
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.size,
+        a.mtime,
+        a.mtime_nsec,
+        a.rdev,
+        a.blocks,
+    )
+}
+
+fn kind_bits(k: Kind) -> u32 {
+    match k {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::BlockDev => libc::S_IFBLK,
+        Kind::CharDev => libc::S_IFCHR,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+    }
+}
+
+/// A name as `os.fsdecode` gives it (undecodable bytes as surrogates), as `os.listdir`
+/// on a mount would.
+fn name<'py>(py: Python<'py>, bytes: &[u8]) -> Bound<'py, PyString> {
+    OsStr::from_bytes(bytes)
+        .into_pyobject(py)
+        .expect("an OsStr always converts")
+}
+
+/// An error of a call on `path` as the `OSError` subclass its errno picks
+/// (`FileNotFoundError`, `NotADirectoryError`, ...), with the CLI's wording.
+fn to_py(e: Error, path: &[u8]) -> PyErr {
+    let errno = match &e {
+        Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        e => e.errno(),
+    };
+    Python::attach(|py| PyOSError::new_err((errno, e.to_string(), name(py, path).unbind())))
+}
+
+/// An archive that cannot be opened: not an archive (or one archfs cannot read) is a
+/// `ValueError`; a missing or unreadable file the `OSError` of its errno.
+fn open_error(e: Error, path: &[u8]) -> PyErr {
+    match e {
+        Error::Unsupported(m) => PyValueError::new_err(m),
+        Error::Corrupt(m) => PyValueError::new_err(format!(
+            "{}: corrupt archive: {m}",
+            String::from_utf8_lossy(path)
+        )),
+        e => to_py(e, path),
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Archive>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

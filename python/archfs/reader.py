@@ -1,0 +1,337 @@
+"""``archfs.open_archive``: an archive read inside this process, without a mount.
+
+For nodes without ``/dev/fuse`` (pods, containers, login nodes), and for datasets whose
+files are small enough that a mount's open and close per file cost more than the read:
+here a file is one call and, where its bytes lie verbatim in the archive, one ``pread``.
+Every format and option a mount takes works here (SquashFS, tar and compressed tars with
+their saved indexes, unions of shards, ``recursive``, ``s3://`` and ``https://``).
+
+Paths are relative to the archive root (a leading ``/`` is the root too) and follow
+symbolic links inside the archive; a link that leaves the archive is not found.
+
+An ``Archive`` belongs to the process that opened it; in a child made by ``fork`` it
+opens the archive again on first use, and it pickles as its arguments, so DataLoader
+workers under ``fork``, ``forkserver`` and ``spawn`` each read with their own.
+"""
+
+import io
+import os
+import stat as _stat
+from typing import Iterator, List, Optional, Sequence, Union
+
+from . import _native
+
+PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+
+def open_archive(
+    path_or_paths: Union[PathLike, Sequence[PathLike]],
+    *,
+    recursive: bool = False,
+    cache_size: Union[int, str, None] = None,
+    no_sign_request: bool = False,
+) -> "Archive":
+    """Opens an archive, or the union of several (a directory stands for the archives
+    in it, in name order; the last wins for a name in more than one), and returns an
+    ``Archive``. Raises ``ValueError`` for what is not an archive archfs reads, and the
+    ``OSError`` of its errno for a missing or unreadable file."""
+    archive = Archive(
+        path_or_paths,
+        recursive=recursive,
+        cache_size=cache_size,
+        no_sign_request=no_sign_request,
+    )
+    archive._handle()
+    return archive
+
+
+class Archive:
+    """An open archive. Its methods release the GIL while they work, so threads read in
+    parallel. Use ``open_archive`` to open one; the constructor opens on first use."""
+
+    def __init__(
+        self,
+        path_or_paths: Union[PathLike, Sequence[PathLike]],
+        *,
+        recursive: bool = False,
+        cache_size: Union[int, str, None] = None,
+        no_sign_request: bool = False,
+    ) -> None:
+        if isinstance(path_or_paths, (str, bytes, os.PathLike)):
+            path_or_paths = [path_or_paths]
+        paths = [os.fsdecode(p) for p in path_or_paths]
+        self._args = (paths, bool(recursive), parse_size(cache_size), bool(no_sign_request))
+        self._native = None
+        self._pid = None
+
+    def _handle(self) -> "_native.Archive":
+        native = self._native
+        if native is None or self._pid != os.getpid():
+            # The parent's threads are not in a forked child: open again here. The
+            # parent's handle is left to it (dropping it here would wait on them).
+            native = _native.Archive(*self._args)
+            self._native, self._pid = native, os.getpid()
+        return native
+
+    def __reduce__(self):
+        paths, recursive, cache_size, no_sign_request = self._args
+        return (_unpickle, (paths, recursive, cache_size, no_sign_request))
+
+    def __repr__(self) -> str:
+        return f"<archfs.Archive {' '.join(self._args[0])!r}>"
+
+    def __enter__(self) -> "Archive":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Lets go of the archive now (it is opened again if used later)."""
+        self._native = None
+
+    @property
+    def paths(self) -> List[str]:
+        return list(self._args[0])
+
+    @property
+    def format(self) -> str:
+        """The format, as ``archfs info`` names it."""
+        return self._handle().format()
+
+    # Metadata
+
+    def stat(self, path: PathLike = "", *, follow_symlinks: bool = True) -> os.stat_result:
+        """``os.stat`` of a path in the archive (``os.lstat`` without following)."""
+        return _stat_result(self._handle().stat(_b(path), follow_symlinks))
+
+    def lstat(self, path: PathLike = "") -> os.stat_result:
+        return self.stat(path, follow_symlinks=False)
+
+    def exists(self, path: PathLike) -> bool:
+        try:
+            self._handle().stat(_b(path), True)
+        except OSError:
+            return False
+        return True
+
+    def isdir(self, path: PathLike) -> bool:
+        try:
+            return _stat.S_ISDIR(self._handle().stat(_b(path), True)[0])
+        except OSError:
+            return False
+
+    def isfile(self, path: PathLike) -> bool:
+        try:
+            return _stat.S_ISREG(self._handle().stat(_b(path), True)[0])
+        except OSError:
+            return False
+
+    def listdir(self, path: PathLike = "") -> list:
+        """Names in a directory, in archive order (``bytes`` for a ``bytes`` path)."""
+        names = [n for n, _, _ in self._handle().listdir(_b(path), False)]
+        return [os.fsencode(n) for n in names] if isinstance(path, bytes) else names
+
+    def scandir(self, path: PathLike = "") -> Iterator["DirEntry"]:
+        """Entries of a directory with their stat fields, as ``os.scandir`` gives them."""
+        parent = os.fsdecode(path).strip("/")
+        for name, kind, st in self._handle().listdir(_b(path), True):
+            yield DirEntry(self, parent, name, kind, st)
+
+    def walk(self, top: PathLike = "") -> Iterator[tuple]:
+        """``os.walk(top, followlinks=True)`` over the archive, top down."""
+        todo = [os.fsdecode(top).strip("/")]
+        while todo:
+            root = todo.pop()
+            dirs, files = [], []
+            for e in self.scandir(root):
+                (dirs if e.is_dir() else files).append(e.name)
+            yield root, dirs, files
+            todo.extend(_join(root, d) for d in reversed(dirs))
+
+    def files(self, root: PathLike = "", suffixes: Optional[Sequence[str]] = None) -> List[str]:
+        """Every file under ``root`` as ``root/.../name``, directories in order of their
+        paths and names sorted in each (ImageFolder's order), links to directories
+        followed; only names whose lowercase ends with one of ``suffixes`` if given
+        (``str.lower().endswith``, as torchvision checks extensions)."""
+        wanted = None if suffixes is None else list(suffixes)
+        return self._handle().files(_b(root), wanted)
+
+    def readlink(self, path: PathLike) -> str:
+        return self._handle().readlink(_b(path))
+
+    def listxattr(self, path: PathLike, *, follow_symlinks: bool = True) -> List[str]:
+        return [k for k, _ in self._handle().xattrs(_b(path), follow_symlinks)]
+
+    def getxattr(self, path: PathLike, attribute: str, *, follow_symlinks: bool = True) -> bytes:
+        for k, v in self._handle().xattrs(_b(path), follow_symlinks):
+            if k == attribute:
+                return v
+        import errno
+
+        raise OSError(errno.ENODATA, "no such extended attribute", os.fsdecode(path))
+
+    # Data
+
+    def read(self, path: PathLike, offset: int = 0, size: Optional[int] = None) -> bytes:
+        """A file's bytes: all of it, or ``size`` bytes from ``offset``."""
+        return self._handle().read(_b(path), offset, size)
+
+    def read_many(self, paths: Sequence[PathLike]) -> List[bytes]:
+        """Several files whole, in one call (one release of the GIL)."""
+        return self._handle().read_many([_b(p) for p in paths])
+
+    def open(self, path: PathLike, mode: str = "rb", buffering: int = -1):
+        """A file in the archive as a binary file object (``read``, ``readinto``,
+        ``seek``, ``tell``; buffered unless ``buffering=0``), as PIL and friends take.
+        Text mode: ``"r"`` wraps it in ``io.TextIOWrapper``."""
+        if mode not in ("rb", "r", "br", "rt"):
+            raise ValueError(f"archives are read-only: mode {mode!r} is not 'rb' or 'r'")
+        native = self._handle()
+        ino, size = native.open(_b(path))
+        raw = File(native, ino, size, os.fsdecode(path))
+        if "b" in mode and buffering == 0:
+            return raw
+        size = buffering if buffering and buffering > 0 else io.DEFAULT_BUFFER_SIZE * 16
+        buffered = io.BufferedReader(raw, buffer_size=size)
+        return buffered if "b" in mode else io.TextIOWrapper(buffered)
+
+
+class File(io.RawIOBase):
+    """One file of an archive, read by position."""
+
+    def __init__(self, native: "_native.Archive", ino: int, size: int, name: str) -> None:
+        super().__init__()
+        self._native, self._ino, self._size, self.name = native, ino, size, name
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        view = memoryview(b).cast("B")
+        data = self._native.pread(self._ino, self._pos, len(view))
+        n = len(data)
+        view[:n] = data
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        data = self._native.pread(self._ino, self._pos, max(self._size - self._pos, 0))
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"invalid whence ({whence})")
+        if pos < 0:
+            raise OSError(22, "Invalid argument: a negative position", self.name)
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __repr__(self) -> str:
+        return f"<archfs.File {self.name!r}>"
+
+
+class DirEntry:
+    """One entry of ``Archive.scandir``, as ``os.DirEntry``."""
+
+    __slots__ = ("_archive", "name", "path", "_kind", "_lstat", "_stat")
+
+    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: tuple) -> None:
+        self._archive, self.name, self.path = archive, name, _join(parent, name)
+        self._kind, self._lstat, self._stat = kind, st, None
+
+    def inode(self) -> int:
+        return self._lstat[1]
+
+    def is_symlink(self) -> bool:
+        return self._kind == _stat.S_IFLNK
+
+    def _followed(self) -> Optional[tuple]:
+        if self._kind != _stat.S_IFLNK:
+            return self._lstat
+        if self._stat is None:
+            try:
+                self._stat = self._archive._handle().stat(_b(self.path), True)
+            except OSError:
+                return None
+        return self._stat
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        st = self._followed() if follow_symlinks else self._lstat
+        return st is not None and _stat.S_ISDIR(st[0])
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        st = self._followed() if follow_symlinks else self._lstat
+        return st is not None and _stat.S_ISREG(st[0])
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        if follow_symlinks and self._kind == _stat.S_IFLNK:
+            return self._archive.stat(self.path)
+        return _stat_result(self._lstat)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<archfs.DirEntry {self.name!r}>"
+
+
+def parse_size(size: Union[int, str, None]) -> Optional[int]:
+    """``512M``-style sizes (K, M, G, T: powers of 1024), as the command line takes."""
+    if size is None or isinstance(size, int):
+        return size
+    text = str(size).strip().upper().rstrip("B").rstrip("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        return int(float(digits) * scale)
+    except ValueError:
+        raise ValueError(f"cache_size {size!r} is not a size like 512M or 2G") from None
+
+
+def _unpickle(paths, recursive, cache_size, no_sign_request) -> Archive:
+    return Archive(
+        paths, recursive=recursive, cache_size=cache_size, no_sign_request=no_sign_request
+    )
+
+
+def _b(path: PathLike) -> bytes:
+    return os.fsencode(path)
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+def _stat_result(st: tuple) -> os.stat_result:
+    mode, ino, nlink, uid, gid, size, mtime, nsec, rdev, blocks = st
+    t = mtime + nsec / 1e9
+    ns = mtime * 1_000_000_000 + nsec
+    return os.stat_result(
+        (mode, ino, 0, nlink, uid, gid, size, mtime, mtime, mtime),
+        {
+            "st_atime": t,
+            "st_mtime": t,
+            "st_ctime": t,
+            "st_atime_ns": ns,
+            "st_mtime_ns": ns,
+            "st_ctime_ns": ns,
+            "st_blksize": 4096,
+            "st_blocks": blocks,
+            "st_rdev": rdev,
+        },
+    )

@@ -1,0 +1,162 @@
+"""torchvision's ``ImageFolder`` and ``DatasetFolder`` over an archive read in this
+process: the same ``classes``, ``class_to_idx`` and ``samples`` as torchvision's on a
+mount of the archive (sample paths relative to the archive root), with no mount::
+
+    from archfs.torch import ImageFolder
+    ds = ImageFolder("imagenet.sqfs", root="train", transform=T.ToTensor())
+    loader = torch.utils.data.DataLoader(ds, batch_size=256, num_workers=8, shuffle=True)
+
+DataLoader workers under ``fork``, ``forkserver`` and ``spawn`` each read with an
+archive of their own: the dataset pickles with its archive's arguments, and a worker
+opens the archive at its first sample (a forked one too). Needs torchvision and Pillow
+(the ``archfs[torch]`` extra).
+"""
+
+import io
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from torchvision.datasets import DatasetFolder as _DatasetFolder
+from torchvision.datasets import ImageFolder as _ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from .reader import Archive
+
+__all__ = ["DatasetFolder", "ImageFolder", "pil_loader"]
+
+
+def pil_loader(f) -> Any:
+    """The default loader: a binary file object to an RGB ``PIL.Image``."""
+    from PIL import Image
+
+    img = Image.open(f)
+    return img.convert("RGB")
+
+
+class DatasetFolder(_DatasetFolder):
+    """``torchvision.datasets.DatasetFolder`` on directory ``root`` of an archive.
+
+    ``archive`` is an ``archfs.Archive`` or what ``archfs.open_archive`` takes (a path,
+    URL or list of them; ``recursive`` and ``cache_size`` as there). ``loader`` is
+    called with a binary file object of the sample's bytes (torchvision's with a path);
+    ``is_valid_file`` with the sample's path in the archive."""
+
+    def __init__(
+        self,
+        archive: Union[Archive, Any],
+        root: str = "",
+        loader: Optional[Callable[[io.BufferedIOBase], Any]] = None,
+        extensions: Optional[Union[str, Tuple[str, ...]]] = None,
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+        is_valid_file: Optional[Callable[[str], bool]] = None,
+        allow_empty: bool = False,
+        *,
+        recursive: bool = False,
+        cache_size: Union[int, str, None] = None,
+    ) -> None:
+        if not isinstance(archive, Archive):
+            archive = Archive(archive, recursive=recursive, cache_size=cache_size)
+        self.archive = archive
+        _DatasetFolder.__init__(
+            self,
+            root,
+            loader=loader or pil_loader,
+            extensions=extensions,
+            transform=transform,
+            target_transform=target_transform,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
+
+    def find_classes(self, directory: str) -> Tuple[List[str], Dict[str, int]]:
+        classes = sorted(e.name for e in self.archive.scandir(directory) if e.is_dir())
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    def make_dataset(
+        self,
+        directory: str,
+        class_to_idx: Optional[Dict[str, int]] = None,
+        extensions: Optional[Union[str, Tuple[str, ...]]] = None,
+        is_valid_file: Optional[Callable[[str], bool]] = None,
+        allow_empty: bool = False,
+    ) -> List[Tuple[str, int]]:
+        """torchvision's ``make_dataset``, with the walk and the extension check done by
+        the archive (``Archive.files``) rather than by ``os.walk`` in Python."""
+        if class_to_idx is None:
+            _, class_to_idx = self.find_classes(directory)
+        elif not class_to_idx:
+            raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+        if (extensions is None) == (is_valid_file is None):
+            raise ValueError(
+                "Both extensions and is_valid_file cannot be None or not None at the same time"
+            )
+        suffixes = None
+        if extensions is not None:
+            suffixes = [extensions] if isinstance(extensions, str) else list(extensions)
+        instances = []
+        available = set()
+        for target_class in sorted(class_to_idx):
+            index = class_to_idx[target_class]
+            target_dir = f"{directory.rstrip('/')}/{target_class}" if directory else target_class
+            if not self.archive.isdir(target_dir):
+                continue
+            paths = self.archive.files(target_dir, suffixes)
+            if is_valid_file is not None:
+                paths = [p for p in paths if is_valid_file(p)]
+            if paths:
+                available.add(target_class)
+            instances.extend((p, index) for p in paths)
+        empty = set(class_to_idx) - available
+        if empty and not allow_empty:
+            msg = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+            if extensions is not None:
+                shown = extensions if isinstance(extensions, str) else ", ".join(extensions)
+                msg += f"Supported extensions are: {shown}"
+            raise FileNotFoundError(msg)
+        return instances
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+        path, target = self.samples[index]
+        sample = self.loader(io.BytesIO(self.archive.read(path)))
+        if self.transform is not None:
+            sample = self.transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+
+class ImageFolder(DatasetFolder, _ImageFolder):
+    """``torchvision.datasets.ImageFolder`` on directory ``root`` of an archive: the
+    images of ``root/CLASS/**`` with torchvision's extensions, loaded by Pillow as RGB.
+    An instance of torchvision's ImageFolder too."""
+
+    def __init__(
+        self,
+        archive: Union[Archive, Any],
+        root: str = "",
+        transform: Optional[Callable] = None,
+        target_transform: Optional[Callable] = None,
+        loader: Optional[Callable[[io.BufferedIOBase], Any]] = None,
+        is_valid_file: Optional[Callable[[str], bool]] = None,
+        allow_empty: bool = False,
+        *,
+        recursive: bool = False,
+        cache_size: Union[int, str, None] = None,
+    ) -> None:
+        DatasetFolder.__init__(
+            self,
+            archive,
+            root,
+            loader=loader,
+            extensions=IMG_EXTENSIONS if is_valid_file is None else None,
+            transform=transform,
+            target_transform=target_transform,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+            recursive=recursive,
+            cache_size=cache_size,
+        )
+        self.imgs = self.samples
+

@@ -1,0 +1,540 @@
+"""The in-process reader (archfs.open_archive, fsspec's archfs://, archfs.torch), from the
+wheel, on archives the real tools make from a generated tree with awkward cases, compared
+with that tree. scripts/pytest runs this file as root, as an ordinary user, and as an
+ordinary user in a mount namespace whose /dev has no fuse (NO_FUSE below)."""
+
+import errno
+import io
+import os
+import pickle
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import archfs
+
+ROOT = os.geteuid() == 0
+# Where /dev/fuse is missing (scripts/pytest's third run), what would be compared with a
+# mount is compared with the source tree, which the mount equals (test_archfs.py).
+NO_FUSE = not os.path.exists("/dev/fuse")
+NON_UTF8 = os.fsdecode(b"bad-\xff\xfe-name.bin")
+LONG = "L" * 200
+
+
+def xattrs_work(path):
+    try:
+        os.setxattr(path, "user.archfs", b"probe")
+        os.removexattr(path, "user.archfs")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """Every kind of entry a dataset archive may hold, with set modes, owners, times and
+    (where the filesystem takes them) extended attributes."""
+    src = tmp_path_factory.mktemp("reader") / "src"
+    rnd = random.Random(7)
+    for d in ["train/cat", "train/dog/deep/er", "empty-dir", "modes"]:
+        (src / d).mkdir(parents=True)
+    for i in range(30):
+        (src / f"train/cat/{i}.jpg").write_bytes(rnd.randbytes(rnd.randrange(0, 40_000)))
+        (src / f"train/dog/{i:03}.JPEG").write_bytes(bytes([i]) * (1000 + 37 * i))
+    (src / "train/dog/deep/er/far.txt").write_text("far down\n")
+    (src / "big.bin").write_bytes(rnd.randbytes(3 * (1 << 20) + 17))
+    (src / "empty").write_bytes(b"")
+    (src / "sp ace & ünïcode ✓.txt").write_text("names\n")
+    (src / NON_UTF8).write_bytes(b"not utf-8\n")
+    (src / LONG).write_bytes(b"long name\n")
+    os.link(src / "train/cat/0.jpg", src / "hard-link.jpg")
+    os.symlink("train/cat/1.jpg", src / "link-to-file")
+    os.symlink("../big.bin", src / "train/link-up")
+    os.symlink("train/dog", src / "link-dir")
+    os.symlink("nowhere", src / "broken")
+    os.symlink("/etc/hostname", src / "abs-link")
+    os.symlink("loop-b", src / "loop-a")
+    os.symlink("loop-a", src / "loop-b")
+    for name, mode in [("exec.sh", 0o755), ("private", 0o600), ("setuid", 0o4755),
+                       ("sticky-dir", 0o1777)]:
+        p = src / "modes" / name
+        p.mkdir() if name.endswith("dir") else p.write_bytes(name.encode())
+        os.chmod(p, mode)
+    os.mkfifo(src / "pipe")
+    if ROOT:
+        os.chown(src / "modes/private", 1234, 5678)
+    if xattrs_work(src / "big.bin"):
+        os.setxattr(src / "big.bin", "user.archfs.note", b"x" * 100)
+        os.setxattr(src / "train/cat", "user.archfs.dir", b"\x00\x01binary")
+    # Times last, leaves first: each entry a time of its own, nanoseconds too.
+    for i, p in enumerate(sorted(src.rglob("*"), key=lambda p: -len(p.parts))):
+        os.utime(p, ns=(1_600_000_000_123_456_789 + i * 1_000_000_007,) * 2,
+                 follow_symlinks=False)
+    return src
+
+
+def build(kind, src, out):
+    """The archive `kind` of `src`, made by the tool users make it with."""
+    srcs, outs = str(src), str(out)
+    if kind.startswith("sqfs-mksquashfs"):
+        comp = kind.rsplit("-", 1)[1]
+        subprocess.run(["mksquashfs", srcs, outs, "-noappend", "-quiet", "-no-progress",
+                        "-comp", comp, "-b", "64K"], check=True)
+    elif kind == "sqfs-gensquashfs":
+        subprocess.run(["gensquashfs", "-q", "-D", srcs, "-k", "-x", "-b", "65536", outs],
+                       check=True)
+    elif kind == "tar-python":
+        with tarfile.open(outs, "w", format=tarfile.PAX_FORMAT) as t:
+            for p in sorted(src.iterdir()):
+                t.add(p, arcname=p.name)
+    elif kind == "tar-bsdtar":
+        subprocess.run(["bsdtar", "-cf", outs, "-C", srcs, "."], check=True)
+    else:
+        flag = {"tar-gnu": [], "tar.gz": ["-z"], "tar.zst": ["--zstd"], "tar.xz": ["-J"],
+                "tar.bz2": ["-j"]}[kind]
+        subprocess.run(["tar", "--format=posix", "--xattrs", "--xattrs-include=user.*",
+                        *flag, "-cf", outs, "-C", srcs, "."], check=True)
+    return out
+
+
+KINDS = ["sqfs-mksquashfs-gzip", "sqfs-mksquashfs-zstd", "sqfs-gensquashfs", "tar-gnu",
+         "tar-bsdtar", "tar-python", "tar.gz", "tar.zst", "tar.xz", "tar.bz2"]
+# Formats whose writer kept the tree's user.* extended attributes.
+KEEP_XATTRS = {"sqfs-mksquashfs-gzip", "sqfs-mksquashfs-zstd", "sqfs-gensquashfs", "tar-gnu",
+               "tar.gz", "tar.zst", "tar.xz", "tar.bz2", "tar-bsdtar"}
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def made(request, tree, tmp_path_factory):
+    kind = request.param
+    out = tmp_path_factory.mktemp(kind) / f"data.{kind.split('-')[0]}"
+    return kind, build(kind, tree, out)
+
+
+def walk_source(src):
+    """(relative path, lstat) of everything under `src`, parents first."""
+    out = []
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        for e in sorted(os.scandir(src / rel if rel else src), key=lambda e: e.name):
+            r = f"{rel}/{e.name}" if rel else e.name
+            st = e.stat(follow_symlinks=False)
+            out.append((r, st))
+            if stat.S_ISDIR(st.st_mode):
+                todo.append(r)
+    return out
+
+
+def test_every_name_type_mode_owner_time_link_xattr_and_byte_equals_the_tree(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path)
+    by_ino = {}
+    for rel, st in walk_source(tree):
+        got = a.lstat(rel)
+        where = f"{kind}: {rel!r}"
+        assert stat.S_IFMT(got.st_mode) == stat.S_IFMT(st.st_mode), where
+        assert stat.S_IMODE(got.st_mode) == stat.S_IMODE(st.st_mode), where
+        assert (got.st_uid, got.st_gid) == (st.st_uid, st.st_gid), where
+        if not stat.S_ISLNK(st.st_mode):
+            # mksquashfs and GNU tar's posix format keep seconds for links' own times.
+            assert got.st_mtime_ns // 10**9 == st.st_mtime_ns // 10**9, where
+        if stat.S_ISDIR(st.st_mode):
+            assert sorted(a.listdir(rel)) == sorted(os.listdir(tree / rel)), where
+        elif stat.S_ISLNK(st.st_mode):
+            assert a.readlink(rel) == os.readlink(tree / rel), where
+        elif stat.S_ISREG(st.st_mode):
+            assert got.st_size == st.st_size, where
+            assert a.read(rel) == (tree / rel).read_bytes(), where
+            by_ino.setdefault(st.st_ino, set()).add(got.st_ino)
+        if kind in KEEP_XATTRS and not stat.S_ISLNK(st.st_mode):
+            want = {k: os.getxattr(tree / rel, k) for k in os.listxattr(tree / rel)
+                    if k.startswith("user.")}
+            have = {k: a.getxattr(rel, k) for k in a.listxattr(rel) if k.startswith("user.")}
+            assert have == want, where
+    if kind != "sqfs-gensquashfs":  # `gensquashfs -D` packs hard links apart (the kernel agrees)
+        assert all(len(inos) == 1 for inos in by_ino.values()), f"{kind}: hard links apart"
+    assert sorted(a.listdir()) == sorted(os.listdir(tree))
+    assert sorted(a.listdir(b"")) == sorted(os.listdir(os.fsencode(tree)))
+
+
+def test_links_are_followed_inside_the_archive_and_stop_at_its_edge(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path)
+    assert a.read("link-to-file") == (tree / "train/cat/1.jpg").read_bytes()
+    assert a.read("train/link-up") == (tree / "big.bin").read_bytes()
+    assert sorted(a.listdir("link-dir")) == sorted(os.listdir(tree / "train/dog"))
+    assert a.read("link-dir/deep/er/far.txt") == b"far down\n"
+    assert a.stat("link-dir").st_ino == a.stat("train/dog").st_ino
+    assert a.read("/train/./dog/../cat/2.jpg") == (tree / "train/cat/2.jpg").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        a.stat("broken")
+    with pytest.raises(FileNotFoundError):
+        a.read("abs-link")  # it would leave the archive
+    with pytest.raises(FileNotFoundError):
+        a.read("../big.bin")
+    with pytest.raises(OSError) as e:
+        a.read("loop-a")
+    assert e.value.errno == errno.ELOOP
+    assert a.lstat("abs-link").st_size == len("/etc/hostname")
+
+
+def test_errors_are_the_os_errors_python_code_expects(made):
+    kind, path = made
+    a = archfs.open_archive(path)
+    with pytest.raises(FileNotFoundError, match="no such file or directory") as e:
+        a.read("train/cat/missing.jpg")
+    assert e.value.filename == "train/cat/missing.jpg"
+    with pytest.raises(IsADirectoryError):
+        a.read("train")
+    with pytest.raises(IsADirectoryError):
+        a.open("train")
+    with pytest.raises(NotADirectoryError):
+        a.listdir("big.bin")
+    with pytest.raises(NotADirectoryError):
+        a.read("big.bin/x")
+    with pytest.raises(OSError) as e:
+        a.getxattr("empty", "user.none")
+    assert e.value.errno == errno.ENODATA
+
+
+def test_a_file_object_reads_seeks_and_tells_as_a_local_file_does(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path)
+    want = (tree / "big.bin").read_bytes()
+    with a.open("big.bin") as f, open(tree / "big.bin", "rb") as g:
+        assert isinstance(f, io.BufferedReader) and f.seekable() and f.readable()
+        rnd = random.Random(3)
+        for _ in range(200):
+            at = rnd.randrange(0, len(want) + 10)
+            assert f.seek(at) == g.seek(at)
+            n = rnd.choice([0, 1, 100, 4096, 70_000, 1 << 20])
+            assert f.read(n) == g.read(n)
+            assert f.tell() == g.tell()
+        f.seek(-5, io.SEEK_END)
+        assert f.read() == want[-5:]
+        buf = bytearray(1000)
+        f.seek(10)
+        assert f.readinto(buf) == 1000 and bytes(buf) == want[10:1010]
+    with a.open("sp ace & ünïcode ✓.txt", "r") as t:
+        assert t.read() == "names\n"
+    raw = a.open("train/dog/005.JPEG", buffering=0)
+    assert raw.read() == (tree / "train/dog/005.JPEG").read_bytes()
+    with pytest.raises(ValueError, match="read-only"):
+        a.open("empty", "wb")
+
+
+def test_read_many_partial_reads_scandir_walk_and_files(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path)
+    names = [f"train/cat/{i}.jpg" for i in range(30)]
+    assert a.read_many(names) == [(tree / n).read_bytes() for n in names]
+    whole = (tree / "big.bin").read_bytes()
+    assert a.read("big.bin", 1 << 20, 100_000) == whole[1 << 20:(1 << 20) + 100_000]
+    assert a.read("big.bin", len(whole) - 3, 100) == whole[-3:]
+    assert a.read("big.bin", len(whole) + 5) == b""
+    entries = {e.name: e for e in a.scandir("")}
+    assert entries["link-dir"].is_dir() and entries["link-dir"].is_symlink()
+    assert not entries["link-dir"].is_dir(follow_symlinks=False)
+    assert entries["big.bin"].is_file() and entries["big.bin"].stat().st_size == len(whole)
+    assert not entries["broken"].is_file() and not entries["broken"].is_dir()
+    assert entries["train"].path == "train" and os.fspath(entries["empty"]) == "empty"
+    walked = {root: (sorted(d), sorted(f)) for root, d, f in a.walk("train")}
+    assert walked["train/dog/deep/er"] == ([], ["far.txt"])
+    assert walked["train"] == (["cat", "dog"], ["link-up"])
+    # ImageFolder's order: directories by path, names sorted in each, links followed.
+    got = a.files("train", [".jpg", ".jpeg"])
+    want = []
+    for root, _, fnames in sorted(os.walk(tree / "train", followlinks=True)):
+        for f in sorted(fnames):
+            if f.lower().endswith((".jpg", ".jpeg")):
+                want.append(os.path.relpath(os.path.join(root, f), tree))
+    assert got == want
+
+
+def test_threads_read_in_parallel_and_all_bytes_are_right(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path)
+    names = [str(p.relative_to(tree)) for p in tree.rglob("*")
+             if p.is_file() and not p.is_symlink()]
+    want = {n: (tree / n).read_bytes() for n in names}
+    bad = []
+
+    def reader(seed):
+        order = list(names)
+        random.Random(seed).shuffle(order)
+        for n in order:
+            if a.read(n) != want[n]:
+                bad.append(n)
+        with a.open("big.bin") as f:
+            if f.read() != want["big.bin"]:
+                bad.append("big.bin (file object)")
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []
+
+
+def test_it_pickles_as_its_arguments_and_a_forked_child_reads_with_its_own(made, tree):
+    kind, path = made
+    a = archfs.open_archive(path, cache_size="16M")
+    want = (tree / "train/cat/4.jpg").read_bytes()
+    assert a.read("train/cat/4.jpg") == want
+    b = pickle.loads(pickle.dumps(a))
+    assert b._native is None, "unpickled, it opens at first use"
+    assert b.read("train/cat/4.jpg") == want
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = a.read("train/cat/4.jpg") == want and a._pid == os.getpid()
+            os.write(w, b"ok" if ok else b"bad")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 10) == b"ok"
+    os.waitpid(pid, 0)
+    assert a.read("train/cat/4.jpg") == want, "the parent's handle is untouched"
+
+
+def test_what_is_not_an_archive_or_is_damaged_gives_clear_errors(tmp_path, tree):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just text\n" * 100)
+    with pytest.raises(ValueError, match="neither a SquashFS image nor a tar archive"):
+        archfs.open_archive(notes)
+    with pytest.raises(FileNotFoundError, match="cannot open archive"):
+        archfs.open_archive(tmp_path / "missing.sqfs")
+    with pytest.raises(ValueError, match="cache_size"):
+        archfs.open_archive(notes, cache_size="lots")
+    # Damage in the middle of a compressed image: every file either reads right or
+    # fails with EIO naming it; nothing else escapes.
+    img = build("sqfs-mksquashfs-gzip", tree, tmp_path / "d.sqfs")
+    data = bytearray(img.read_bytes())
+    rnd = random.Random(11)
+    for at in rnd.sample(range(96, len(data) // 2), 40):
+        data[at] ^= 0x5A
+    img.write_bytes(bytes(data))
+    try:
+        a = archfs.open_archive(img)
+    except (ValueError, OSError) as e:
+        assert str(e)
+        return
+    eio = 0
+    for root, _, fnames in os.walk(tree):
+        for f in fnames:
+            rel = os.path.relpath(os.path.join(root, f), tree)
+            try:
+                a.read(rel)
+            except OSError as e:
+                assert e.errno in (errno.EIO, errno.ENOENT, errno.ENOTDIR, errno.ELOOP), e
+                eio += e.errno == errno.EIO
+    print(f"{eio} files of the damaged image gave EIO")
+
+
+# fsspec
+
+
+def test_fsspec_finds_the_protocol_and_reads_listings_ranges_and_chained_urls(tree, tmp_path):
+    fsspec = need("fsspec")
+    img = build("sqfs-mksquashfs-zstd", tree, tmp_path / "data.sqfs")
+    assert "archfs" in fsspec.available_protocols()
+    fs = fsspec.filesystem("archfs", fo=str(img))
+    assert sorted(fs.ls("train/cat", detail=False)) == sorted(
+        f"train/cat/{n}" for n in os.listdir(tree / "train/cat"))
+    info = fs.info("archfs://big.bin")
+    assert info["type"] == "file" and info["size"] == (tree / "big.bin").stat().st_size
+    assert fs.info("train")["type"] == "directory"
+    assert fs.info("link-dir")["islink"] and fs.info("link-dir")["type"] == "directory"
+    assert fs.isdir("train/dog") and fs.isfile("empty") and not fs.exists("nope")
+    whole = (tree / "big.bin").read_bytes()
+    assert fs.cat_file("big.bin", 10, 20) == whole[10:20]
+    assert fs.cat_file("big.bin", -4) == whole[-4:]
+    got = fs.cat_ranges(["big.bin", "train/cat/3.jpg", "nope"], [0, 5, 0], [3, 50, 1])
+    assert got[:2] == [whole[:3], (tree / "train/cat/3.jpg").read_bytes()[5:50]]
+    assert isinstance(got[2], FileNotFoundError)
+    assert fs.cat("train/dog/000.JPEG") == (tree / "train/dog/000.JPEG").read_bytes()
+    assert sorted(fs.find("train/dog")) == sorted(
+        f"train/dog/{p}" for p in ["deep/er/far.txt", *os.listdir(tree / "train/dog")]
+        if p != "deep")
+    with fsspec.open(f"archfs://train/dog/deep/er/far.txt::{img}") as f:
+        assert f.read() == b"far down\n"
+    with fsspec.open(f"archfs://big.bin::file://{img}", "rb") as f:
+        f.seek(1 << 20)
+        assert f.read(10) == whole[1 << 20:(1 << 20) + 10]
+    with pytest.raises(NotImplementedError):
+        fs.open("new", "wb")
+
+
+# torchvision
+
+
+def image_tree(root):
+    """Real images of several formats and extensions, as ImageFolder meets them."""
+    from PIL import Image
+    rnd = random.Random(5)
+    for cls in ["cat", "dog", "emu"]:
+        (root / cls / "more").mkdir(parents=True)
+    n = 0
+    for cls in ["cat", "dog", "emu"]:
+        for name, fmt in [("a.jpg", "JPEG"), ("b.JPEG", "JPEG"), ("c.png", "PNG"),
+                          ("more/d.Png", "PNG"), ("e.bmp", "BMP")]:
+            n += 1
+            im = Image.new("RGB", (24 + n, 16), tuple(rnd.randrange(256) for _ in range(3)))
+            im.putpixel((1, 1), (n, 2 * n, 3 * n))
+            im.save(root / cls / name, fmt)
+        (root / cls / "notes.txt").write_text("not an image")
+    os.symlink("../cat/a.jpg", root / "dog/linked.jpg")
+    os.symlink("dog", root / "linked-class")
+    (root / "loose.jpg").write_bytes((root / "cat/a.jpg").read_bytes())
+
+
+def need(module):
+    """The module, or a skip where it is not installed; scripts/pytest installs every one
+    and sets ARCHFS_TEST_EXTRAS, so there a missing one fails instead."""
+    if os.environ.get("ARCHFS_TEST_EXTRAS"):
+        return __import__(module)
+    return pytest.importorskip(module)
+
+
+def torch_or_skip():
+    need("torch")
+    need("torchvision")
+
+
+def test_imagefolder_equals_torchvisions_on_a_mount_under_every_start_method(tmp_path):
+    torch_or_skip()
+    import torch
+    import torchvision
+    from torchvision.transforms import ToTensor
+    from archfs.torch import ImageFolder
+
+    src = tmp_path / "images"
+    image_tree(src)
+    img = tmp_path / "images.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(img), "-noappend", "-quiet", "-no-progress"],
+                   check=True)
+    tar = tmp_path / "images.tar"
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(src), "."], check=True)
+    def theirs_on(root):
+        theirs = torchvision.datasets.ImageFolder(str(root), transform=ToTensor())
+        want = [(x, int(y)) for x, y in torch.utils.data.DataLoader(theirs, batch_size=None)]
+        return theirs, want, [(os.path.relpath(p, root), c) for p, c in theirs.samples]
+
+    if NO_FUSE:
+        theirs, want, want_samples = theirs_on(src)
+    else:
+        with archfs.mount(img, tmp_path / "mnt") as mnt:
+            theirs, want, want_samples = theirs_on(mnt)
+    for archive in (img, tar):
+        ours = ImageFolder(archive, transform=ToTensor())
+        assert isinstance(ours, torchvision.datasets.ImageFolder)
+        assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+        assert ours.samples == want_samples and ours.imgs == ours.samples
+        assert ours.targets == theirs.targets
+        for method in ("fork", "forkserver", "spawn"):
+            loader = torch.utils.data.DataLoader(
+                ours, batch_size=None, num_workers=2, multiprocessing_context=method)
+            got = [(x, int(y)) for x, y in loader]
+            assert len(got) == len(want), method
+            for (gx, gy), (wx, wy) in zip(got, want):
+                assert gy == wy and torch.equal(gx, wx), method
+
+
+def test_datasetfolder_takes_loaders_filters_and_roots_inside_the_archive(tmp_path):
+    torch_or_skip()
+    import torchvision
+    from archfs.torch import DatasetFolder, ImageFolder
+
+    src = tmp_path / "images"
+    image_tree(src / "train")
+    tar = tmp_path / "images.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(src / "train", arcname="train")
+    a = archfs.open_archive(tar)
+    ds = DatasetFolder(a, "train", loader=lambda f: len(f.read()), extensions=(".txt",))
+    assert [(os.path.basename(p), c) for p, c in ds.samples] == [("notes.txt", i)
+                                                                for i in range(4)]
+    assert ds[0] == (len("not an image"), 0)
+    only_png = ImageFolder(tar, "train", is_valid_file=lambda p: p.endswith(".png"))
+    theirs = torchvision.datasets.ImageFolder(
+        str(src / "train"), is_valid_file=lambda p: p.endswith(".png"))
+    assert only_png.samples == [(os.path.relpath(p, src), c) for p, c in theirs.samples]
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes"):
+        DatasetFolder(a, "train", loader=len, extensions=(".tiff",))
+    with pytest.raises(FileNotFoundError):
+        ImageFolder(a, "nope")
+
+
+# Without /dev/fuse
+
+NO_FUSE_CHILD = r"""
+import os, sys, archfs
+img, want_file = sys.argv[1:]
+assert not os.path.exists("/dev/fuse"), "the namespace still has /dev/fuse"
+try:
+    archfs.mount(img, os.path.join(os.environ["TMPDIR"], "mnt"))
+    sys.exit("mounted without /dev/fuse")
+except archfs.MountError as e:
+    assert "/dev/fuse is missing" in str(e) and "open_archive" in str(e), str(e)
+a = archfs.open_archive(img)
+assert a.read("train/cat/7.jpg") == open(want_file, "rb").read()
+print("read without FUSE as uid", os.getuid())
+"""
+
+
+def test_without_dev_fuse_the_reader_works_and_mount_says_to_use_it(tree):
+    """A mount namespace whose /dev is a fresh tmpfs with null, zero and urandom only, as
+    in a container started without --device /dev/fuse; as root and as an ordinary user."""
+    if NO_FUSE:
+        with pytest.raises(archfs.MountError, match="/dev/fuse is missing.*open_archive"):
+            archfs.mount(build("sqfs-mksquashfs-gzip", tree, tree.parent / "nf.sqfs"))
+        return
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is missing: scripts/setup installs it")
+    # A directory the ordinary user can reach, whoever runs the test.
+    work = Path(tempfile.mkdtemp(prefix="archfs-nofuse-", dir="/tmp"))
+    try:
+        os.chmod(work, 0o755)
+        img = build("sqfs-mksquashfs-gzip", tree, work / "data.sqfs")
+        shutil.copy(tree / "train/cat/7.jpg", work / "want")
+        (work / "no_fuse.py").write_text(NO_FUSE_CHILD)
+        (work / "tmp").mkdir(mode=0o777)
+        os.chmod(work / "tmp", 0o777)
+        for p in work.iterdir():
+            os.chmod(p, 0o777 if p.is_dir() else 0o644)
+        users = [[]]
+        if ROOT:
+            users.append(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
+                          "--clear-groups", "--"])
+            prefix = ["unshare", "-m", "--propagation", "private"]
+        else:
+            prefix = ["unshare", "-r", "-m", "--propagation", "private"]
+        for user in users:
+            inner = " && ".join([
+                f"mkdir -p {work}/olddev && mount --rbind /dev {work}/olddev",
+                "mount -t tmpfs -o mode=755 none /dev",
+                *[f"touch /dev/{d} && mount --bind {work}/olddev/{d} /dev/{d}"
+                  for d in ("null", "zero", "urandom")],
+                f"umount -l {work}/olddev",
+                " ".join([*user, "env", f"TMPDIR={work}/tmp", sys.executable,
+                          f"{work}/no_fuse.py", str(img), f"{work}/want"]),
+            ])
+            run = subprocess.run([*prefix, "sh", "-c", inner], capture_output=True, text=True)
+            if run.returncode != 0 and not ROOT and "Operation not permitted" in run.stderr:
+                pytest.skip("this kernel lets no ordinary user make a mount namespace "
+                            "(the root run covers the ordinary user there)")
+            assert run.returncode == 0, run.stderr
+            assert "read without FUSE" in run.stdout
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
