@@ -86,14 +86,21 @@ impl<V> std::fmt::Debug for BlockCache<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockCache")
             .field("name", &self.name)
-            .field("budget", &(self.shard_budget * SHARDS))
+            .field("budget", &(self.shard_budget * self.shards.len()))
             .finish()
     }
 }
 
 impl<V: Weighted> BlockCache<V> {
     pub fn new(name: &'static str, budget: usize) -> Self {
-        let shards = (0..SHARDS)
+        Self::with_shards(name, budget, SHARDS)
+    }
+
+    /// A cache of `shards` parts, each with its share of the budget: fewer for a few
+    /// large values (a shard full of one holds no second).
+    pub fn with_shards(name: &'static str, budget: usize, shards: usize) -> Self {
+        let n = shards.max(1);
+        let shards = (0..n)
             .map(|_| {
                 Mutex::new(Shard {
                     map: LruCache::unbounded_with_hasher(Default::default()),
@@ -103,7 +110,7 @@ impl<V: Weighted> BlockCache<V> {
             .collect();
         BlockCache {
             shards,
-            shard_budget: (budget / SHARDS).max(1),
+            shard_budget: (budget / n).max(1),
             name,
             recycle: None,
         }
@@ -117,7 +124,7 @@ impl<V: Weighted> BlockCache<V> {
 
     fn shard(&self, key: u64) -> &Mutex<Shard<V>> {
         let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-        &self.shards[h as usize % SHARDS]
+        &self.shards[h as usize % self.shards.len()]
     }
 
     /// The block at `key` if it is loaded; never loads or waits.

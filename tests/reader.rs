@@ -440,7 +440,14 @@ fn paths_follow_links_inside_the_archive_and_list_files_in_imagefolder_order() {
     let img = dir.join("t.sqfs");
     mksquashfs(&src, &img, &["-comp", "gzip"]);
     let tar = dir.join("t.tar");
-    run_ok(Command::new("tar").arg("-cf").arg(&tar).arg("-C").arg(&src).arg("."));
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg("."),
+    );
     for path in [&img, &tar] {
         let a = open::open(path, &CacheConfig::default()).unwrap();
         let a = &*a;

@@ -94,12 +94,7 @@ impl Archive {
 
     /// The entries of directory `path` as (name, kind, stat fields or None): `kind` is
     /// the file type's `S_IFMT` bits; stat fields when `attrs`.
-    fn listdir<'py>(
-        &self,
-        py: Python<'py>,
-        path: &[u8],
-        attrs: bool,
-    ) -> PyResult<Vec<Entry<'py>>> {
+    fn listdir<'py>(&self, py: Python<'py>, path: &[u8], attrs: bool) -> PyResult<Vec<Entry<'py>>> {
         let a = self.archive();
         let found = py
             .detach(|| -> archfs::error::Result<_> {

@@ -134,8 +134,25 @@ impl SquashFs {
         Ok(out)
     }
 
-    /// Finds `name`, starting from the directory index entry closest before it.
+    /// Finds `name`: in a listing longer than a metadata block, by a binary search of
+    /// the directory's table of names, made on its first lookup and kept in the cache;
+    /// else by a scan of the listing. (tar2sqfs writes no directory index: a lookup in
+    /// its 1,300-entry directories scanned half of them.)
     pub fn find_in_dir(&self, dir: &DirInode, name: &[u8]) -> Result<Option<RawEntry>> {
+        if Self::listing_len(dir) <= BLOCK_SIZE as u64 {
+            return self.scan_dir(dir, name);
+        }
+        let key = (u64::from(dir.block) << 16) | u64::from(dir.offset);
+        let table = self
+            .dir_cache
+            .get_or_load(key, || Ok(Table::new(self.list_dir(dir)?)))?;
+        Ok(table.find(name))
+    }
+
+    /// Finds `name`, scanning from the directory index entry closest before it: a
+    /// shuffled epoch over 1.28 M files in 1,000 directories scanned ~140 entries a
+    /// lookup (13 µs of 22 µs a file read in process), which the table above avoids.
+    fn scan_dir(&self, dir: &DirInode, name: &[u8]) -> Result<Option<RawEntry>> {
         let mut block = self.sb.dir_table + u64::from(dir.block);
         let mut skipped = 0u64;
         if dir.index_count > 0 {
@@ -174,5 +191,73 @@ impl SquashFs {
             })
         })?;
         Ok(found)
+    }
+}
+
+/// A large directory's names, sorted as the listing is, for lookups by binary search.
+pub struct Table {
+    names: Vec<u8>,
+    /// Where each name ends in `names`.
+    ends: Vec<u32>,
+    /// Each entry's inode reference (48 bits) and type (3 bits): 8 bytes, so that the
+    /// tables of 1.28 M names take ~32 bytes a name.
+    entries: Vec<u64>,
+}
+
+const KINDS: [Kind; 7] = [
+    Kind::File,
+    Kind::Dir,
+    Kind::Symlink,
+    Kind::BlockDev,
+    Kind::CharDev,
+    Kind::Fifo,
+    Kind::Socket,
+];
+
+impl Table {
+    fn new(listing: Vec<RawEntry>) -> Table {
+        let mut t = Table {
+            names: Vec::with_capacity(listing.iter().map(|e| e.name.len()).sum()),
+            ends: Vec::with_capacity(listing.len()),
+            entries: Vec::with_capacity(listing.len()),
+        };
+        for e in listing {
+            t.names.extend_from_slice(&e.name);
+            t.ends.push(t.names.len() as u32);
+            let kind = KINDS.iter().position(|&k| k == e.kind).unwrap_or(0) as u64;
+            t.entries.push(e.inode_ref << 3 | kind);
+        }
+        t
+    }
+
+    fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.names[start..self.ends[i] as usize]
+    }
+
+    fn find(&self, name: &[u8]) -> Option<RawEntry> {
+        let (mut lo, mut hi) = (0, self.entries.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.name(mid).cmp(name) {
+                Ordering::Less => lo = mid + 1,
+                Ordering::Greater => hi = mid,
+                Ordering::Equal => {
+                    let packed = self.entries[mid];
+                    return Some(RawEntry {
+                        inode_ref: packed >> 3,
+                        kind: KINDS[(packed & 7) as usize],
+                        name: name.to_vec(),
+                    });
+                }
+            }
+        }
+        None
+    }
+}
+
+impl crate::cache::Weighted for Table {
+    fn weight(&self) -> usize {
+        self.names.len() + self.ends.len() * 4 + self.entries.len() * 8 + 64
     }
 }

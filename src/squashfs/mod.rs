@@ -39,6 +39,8 @@ pub struct SquashFs {
     frag_cache: BlockCache<Vec<u8>>,
     data_cache: BlockCache<Vec<u8>>,
     layout_cache: BlockCache<file::Layout>,
+    /// Large directories' tables of names, for lookups (dir.rs).
+    dir_cache: BlockCache<dir::Table>,
     zero_block: Arc<Vec<u8>>,
 }
 
@@ -83,8 +85,12 @@ impl SquashFs {
             ids: Vec::new(),
             frag_ptrs,
             xattrs,
-            meta_cache: BlockCache::new("metadata", meta * 3 / 4),
+            // Of ~128 bytes an inode: 48 for metadata blocks, 48 for the tables of names
+            // of large directories (~32 bytes a name, and room for uneven shards), 32
+            // for file layouts.
+            meta_cache: BlockCache::new("metadata", meta * 3 / 8),
             layout_cache: BlockCache::new("layout", meta / 4),
+            dir_cache: BlockCache::with_shards("directory", meta * 3 / 8, 4),
             frag_cache: BlockCache::new("fragment", frag),
             data_cache: BlockCache::new("data", data),
         };
