@@ -127,6 +127,14 @@ impl<V: Weighted> BlockCache<V> {
         &self.shards[h as usize % self.shards.len()]
     }
 
+    /// Bytes the part of the cache `key` goes to holds below its budget: a value larger
+    /// would evict others, and large values that evict each other in turn cost more
+    /// than they save.
+    pub fn room(&self, key: u64) -> usize {
+        let s = self.shard(key).lock();
+        self.shard_budget.saturating_sub(s.bytes)
+    }
+
     /// The block at `key` if it is loaded; never loads or waits.
     pub fn get(&self, key: u64) -> Option<Arc<V>> {
         let slot = self.shard(key).lock().map.get(&key)?.clone();

@@ -3,6 +3,17 @@
 
 use std::path::Path;
 
+/// The kernel's page size: 4 KiB on x86_64, 4, 16 or 64 KiB on aarch64 (some
+/// Grace-Hopper kernels use 64). Read once.
+pub fn page_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *SIZE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
+}
+
 /// Memory the page cache can grow into: the kernel's MemAvailable, lowered to what the
 /// memory cgroup (a batch job's limit) leaves, counting the cgroup's page cache as free.
 /// Read at most every 100 ms: a union of 1,000 compressed shards asks once a shard as it

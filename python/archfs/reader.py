@@ -62,15 +62,15 @@ class Archive:
         paths = [os.fsdecode(p) for p in path_or_paths]
         self._args = (paths, bool(recursive), parse_size(cache_size), bool(no_sign_request))
         self._native = None
-        self._pid = None
+        self._forks = None
 
     def _handle(self) -> "_native.Archive":
         native = self._native
-        if native is None or self._pid != os.getpid():
+        if native is None or self._forks != _FORKS[0]:
             # The parent's threads are not in a forked child: open again here. The
             # parent's handle is left to it (dropping it here would wait on them).
             native = _native.Archive(*self._args)
-            self._native, self._pid = native, os.getpid()
+            self._native, self._forks = native, _FORKS[0]
         return native
 
     def __reduce__(self):
@@ -103,39 +103,39 @@ class Archive:
 
     def stat(self, path: PathLike = "", *, follow_symlinks: bool = True) -> os.stat_result:
         """``os.stat`` of a path in the archive (``os.lstat`` without following)."""
-        return _stat_result(self._handle().stat(_b(path), follow_symlinks))
+        return _stat_result(self._handle().stat(path, follow_symlinks))
 
     def lstat(self, path: PathLike = "") -> os.stat_result:
         return self.stat(path, follow_symlinks=False)
 
     def exists(self, path: PathLike) -> bool:
         try:
-            self._handle().stat(_b(path), True)
+            self._handle().stat(path, True)
         except OSError:
             return False
         return True
 
     def isdir(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISDIR(self._handle().stat(_b(path), True)[0])
+            return _stat.S_ISDIR(self._handle().stat(path, True)[0])
         except OSError:
             return False
 
     def isfile(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISREG(self._handle().stat(_b(path), True)[0])
+            return _stat.S_ISREG(self._handle().stat(path, True)[0])
         except OSError:
             return False
 
     def listdir(self, path: PathLike = "") -> list:
         """Names in a directory, in archive order (``bytes`` for a ``bytes`` path)."""
-        names = [n for n, _, _ in self._handle().listdir(_b(path), False)]
+        names = [n for n, _, _ in self._handle().listdir(path, False)]
         return [os.fsencode(n) for n in names] if isinstance(path, bytes) else names
 
     def scandir(self, path: PathLike = "") -> Iterator["DirEntry"]:
         """Entries of a directory with their stat fields, as ``os.scandir`` gives them."""
         parent = os.fsdecode(path).strip("/")
-        for name, kind, st in self._handle().listdir(_b(path), True):
+        for name, kind, st in self._handle().listdir(path, True):
             yield DirEntry(self, parent, name, kind, st)
 
     def walk(self, top: PathLike = "") -> Iterator[tuple]:
@@ -155,16 +155,16 @@ class Archive:
         followed; only names whose lowercase ends with one of ``suffixes`` if given
         (``str.lower().endswith``, as torchvision checks extensions)."""
         wanted = None if suffixes is None else list(suffixes)
-        return self._handle().files(_b(root), wanted)
+        return self._handle().files(root, wanted)
 
     def readlink(self, path: PathLike) -> str:
-        return self._handle().readlink(_b(path))
+        return self._handle().readlink(path)
 
     def listxattr(self, path: PathLike, *, follow_symlinks: bool = True) -> List[str]:
-        return [k for k, _ in self._handle().xattrs(_b(path), follow_symlinks)]
+        return [k for k, _ in self._handle().xattrs(path, follow_symlinks)]
 
     def getxattr(self, path: PathLike, attribute: str, *, follow_symlinks: bool = True) -> bytes:
-        for k, v in self._handle().xattrs(_b(path), follow_symlinks):
+        for k, v in self._handle().xattrs(path, follow_symlinks):
             if k == attribute:
                 return v
         import errno
@@ -175,11 +175,14 @@ class Archive:
 
     def read(self, path: PathLike, offset: int = 0, size: Optional[int] = None) -> bytes:
         """A file's bytes: all of it, or ``size`` bytes from ``offset``."""
-        return self._handle().read(_b(path), offset, size)
+        native = self._native
+        if native is None or self._forks != _FORKS[0]:
+            native = self._handle()
+        return native.read(path, offset, size)
 
     def read_many(self, paths: Sequence[PathLike]) -> List[bytes]:
         """Several files whole, in one call (one release of the GIL)."""
-        return self._handle().read_many([_b(p) for p in paths])
+        return self._handle().read_many(list(paths))
 
     def open(self, path: PathLike, mode: str = "rb", buffering: int = -1):
         """A file in the archive as a binary file object (``read``, ``readinto``,
@@ -188,7 +191,7 @@ class Archive:
         if mode not in ("rb", "r", "br", "rt"):
             raise ValueError(f"archives are read-only: mode {mode!r} is not 'rb' or 'r'")
         native = self._handle()
-        ino, size = native.open(_b(path))
+        ino, size = native.open(path)
         raw = File(native, ino, size, os.fsdecode(path))
         if "b" in mode and buffering == 0:
             return raw
@@ -265,7 +268,7 @@ class DirEntry:
             return self._lstat
         if self._stat is None:
             try:
-                self._stat = self._archive._handle().stat(_b(self.path), True)
+                self._stat = self._archive._handle().stat(self.path, True)
             except OSError:
                 return None
         return self._stat
@@ -309,8 +312,16 @@ def _unpickle(paths, recursive, cache_size, no_sign_request) -> Archive:
     )
 
 
-def _b(path: PathLike) -> bytes:
-    return os.fsencode(path)
+# Forks of this process since it imported archfs: an Archive opened in fewer is its
+# parent's. Counted by a hook rather than compared by os.getpid(), a system call a read.
+_FORKS = [0]
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _join(parent: str, name: str) -> str:

@@ -19,7 +19,6 @@ const NOTIFY_STORE: i32 = 4;
 const HEADER: usize = 16 + 24;
 /// The pipe size asked for: fs.pipe-max-size's default, allowed to any user.
 const PIPE_BYTES: usize = 1 << 20;
-const PAGE: u64 = 4096;
 
 /// Notify-store messages on a connection's /dev/fuse descriptor.
 pub struct DevStore {
@@ -61,7 +60,8 @@ impl Pipe {
         Ok(Pipe {
             read,
             write,
-            slots: bytes as u64 / PAGE,
+            // A pipe holds a page a buffer: 256 of 4 KiB pages, 16 of 64 KiB ones.
+            slots: bytes as u64 / crate::memory::page_size() as u64,
         })
     }
 }
@@ -194,7 +194,7 @@ impl Store for DevStore {
         };
         // The whole message must be in the pipe before /dev/fuse takes it: the header
         // takes a page, the bytes one per page they touch.
-        let room = (pipe.slots.saturating_sub(2) * PAGE) as u32;
+        let room = (pipe.slots.saturating_sub(2) * crate::memory::page_size() as u64) as u32;
         if room == 0 {
             return Ok(false);
         }
@@ -280,7 +280,7 @@ mod tests {
         let mut at = 4096;
         for (ino, offset, data) in spliced {
             assert_eq!((*ino, *offset), (9, at));
-            assert!(data.len() <= PIPE_BYTES - 2 * PAGE as usize);
+            assert!(data.len() <= PIPE_BYTES - 2 * crate::memory::page_size());
             let from = (pos + at - 4096) as usize;
             assert!(*data == src[from..from + data.len()], "bytes at {at}");
             at += data.len() as u64;

@@ -1,7 +1,7 @@
 //! A live mount: the checks before it, the FUSE session attached to the mount point and
 //! served by threads of this process, its watchdog, the listing ahead, and its unmount.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -26,6 +26,40 @@ pub struct Mount {
     list_ahead: Option<bool>,
     ahead: Arc<prelist::Ahead>,
     lister: Option<Lister>,
+}
+
+/// Whether the kernel gives each request thread a descriptor of its own for the session
+/// on `dev` (`FUSE_DEV_IOC_CLONE`, Linux 4.5): tried once here, as libfuse does. Kernels
+/// before it (the RHEL 7 family) and qemu-user answer ENOSYS, ENOTTY or EINVAL; the
+/// threads then share the one descriptor.
+fn clones_descriptors(dev: BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    /// `_IOR(229, 0, uint32_t)`, from linux/fuse.h.
+    const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+    let probe = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("request threads share one FUSE descriptor: /dev/fuse: {e}");
+            return false;
+        }
+    };
+    let mut source = dev.as_raw_fd() as u32;
+    // SAFETY: the ioctl reads one u32 (the descriptor to clone) from `source`; `probe` is
+    // an open /dev/fuse, closed when it drops (a clone is then just let go).
+    let rc = unsafe { libc::ioctl(probe.as_raw_fd(), FUSE_DEV_IOC_CLONE as _, &mut source) };
+    if rc == 0 {
+        return true;
+    }
+    let e = std::io::Error::last_os_error();
+    tracing::warn!(
+        "this kernel cannot clone FUSE descriptors ({e}): the request threads share one, \
+         as libfuse does there"
+    );
+    false
 }
 
 impl Mount {
@@ -61,7 +95,6 @@ impl Mount {
             .replace([',', ' '], "_");
         let mut config = Config::default();
         config.n_threads = Some(s.threads.max(1));
-        config.clone_fd = true;
         let acl = if s.allow_other {
             SessionACL::All
         } else {
@@ -87,7 +120,9 @@ impl Mount {
                 list_ahead.then(|| ahead.clone()),
             );
             let session = attach::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
-                Session::from_fd(fs, fd, acl, config.clone()).inspect_err(|_| {
+                let mut config = config.clone();
+                config.clone_fd = clones_descriptors(fd.as_fd());
+                Session::from_fd(fs, fd, acl, config).inspect_err(|_| {
                     let _ = mountpoint::lazy_unmount(&prepared.path);
                 })
             });

@@ -139,7 +139,7 @@ pub fn will_need(file: &File, at: u64, len: u64, piece: u64) {
     let end = at.saturating_add(len);
     let mut at = at;
     while at < end {
-        let n = piece.max(4096).min(end - at);
+        let n = piece.max(crate::memory::page_size() as u64).min(end - at);
         // SAFETY: posix_fadvise only reads its arguments; the file is open.
         unsafe {
             libc::posix_fadvise(
@@ -210,7 +210,7 @@ pub mod tests {
                 0,
             );
             assert_ne!(map, libc::MAP_FAILED);
-            let mut vec = vec![0u8; len.div_ceil(4096)];
+            let mut vec = vec![0u8; len.div_ceil(crate::memory::page_size())];
             assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
             libc::munmap(map, len);
             vec.iter().filter(|&&b| b & 1 == 1).count()
@@ -238,9 +238,9 @@ pub mod tests {
         let dropped =
             unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         assert_eq!(dropped, 0);
-        assert!(resident(&file, len) < len / 4096 / 2, "pages not dropped");
+        let pages = len / crate::memory::page_size();
+        assert!(resident(&file, len) < pages / 2, "pages not dropped");
         will_need(&file, 0, len as u64, piece);
-        let pages = len / 4096;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let mut have = resident(&file, len);
         while have < pages && std::time::Instant::now() < deadline {

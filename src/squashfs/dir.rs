@@ -143,6 +143,14 @@ impl SquashFs {
             return self.scan_dir(dir, name);
         }
         let key = (u64::from(dir.block) << 16) | u64::from(dir.offset);
+        if let Some(table) = self.dir_cache.get(key) {
+            return Ok(table.find(name));
+        }
+        // A table takes about what its listing does. Where tables no longer fit, the
+        // directory is scanned: a table made per lookup would cost a whole listing each.
+        if self.dir_cache.room(key) < Self::listing_len(dir) as usize {
+            return self.scan_dir(dir, name);
+        }
         let table = self
             .dir_cache
             .get_or_load(key, || Ok(Table::new(self.list_dir(dir)?)))?;

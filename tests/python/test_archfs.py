@@ -143,14 +143,16 @@ def test_the_cli_runs_as_a_module_and_prints_the_mount_point_it_chose(sqfs, tmp_
     assert not os.path.ismount(path)
 
 
-def test_the_installed_binary_needs_no_glibc_newer_than_2_17():
+def test_the_installed_binary_and_extension_need_no_glibc_newer_than_2_17():
     sys.path.insert(0, str(Path(__file__).parent))
     from glibc_floor import newest_glibc
+    import archfs._native
 
     binary = find_archfs()
     assert Path(binary).parent == Path(sys.executable).parent, "the wheel's binary is used"
-    newest = tuple(int(x) for x in newest_glibc(binary).split("."))
-    assert (2, 0) < newest <= (2, 17), newest
+    for elf in (binary, archfs._native.__file__):
+        newest = tuple(int(x) for x in newest_glibc(elf).split("."))
+        assert (2, 0) < newest <= (2, 17), (elf, newest)
 
 
 RANK = """

@@ -294,11 +294,12 @@ def test_it_pickles_as_its_arguments_and_a_forked_child_reads_with_its_own(made,
     b = pickle.loads(pickle.dumps(a))
     assert b._native is None, "unpickled, it opens at first use"
     assert b.read("train/cat/4.jpg") == want
+    parent_forks = a._forks
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            ok = a.read("train/cat/4.jpg") == want and a._pid == os.getpid()
+            ok = a.read("train/cat/4.jpg") == want and a._forks == 1 + parent_forks
             os.write(w, b"ok" if ok else b"bad")
         finally:
             os._exit(0)
@@ -436,6 +437,11 @@ def test_imagefolder_equals_torchvisions_on_a_mount_under_every_start_method(tmp
     else:
         with archfs.mount(img, tmp_path / "mnt") as mnt:
             theirs, want, want_samples = theirs_on(mnt)
+    # A file object of the archive is what Pillow opens, as it opens a local file.
+    from PIL import Image
+    with archfs.open_archive(img).open("emu/more/d.Png") as f, Image.open(f) as im:
+        with Image.open(src / "emu/more/d.Png") as want_im:
+            assert im.size == want_im.size and im.tobytes() == want_im.tobytes()
     for archive in (img, tar):
         ours = ImageFolder(archive, transform=ToTensor())
         assert isinstance(ours, torchvision.datasets.ImageFolder)
