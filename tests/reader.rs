@@ -415,7 +415,7 @@ fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
 /// the ImageFolder-ordered file list, on an image and a tar of one tree.
 #[test]
 fn paths_follow_links_inside_the_archive_and_list_files_in_imagefolder_order() {
-    use archfs::archive::path::{files_under, read_into, walk};
+    use archfs::archive::path::{files_under, read_into, walk, Dirs};
     use std::os::unix::fs::symlink;
     let dir = TempDir::new("paths");
     let src = dir.join("src");
@@ -481,6 +481,31 @@ fn paths_follow_links_inside_the_archive_and_list_files_in_imagefolder_order() {
         ] {
             let got = walk(a, p.as_bytes(), true).unwrap_err();
             assert_eq!(got.errno(), e.errno(), "{p}: {got}");
+        }
+        // Walks from remembered directories agree with walks from the root, twice over
+        // (the second from what the first remembered).
+        let dirs = Dirs::default();
+        for _ in 0..2 {
+            for p in [
+                "train/a/10.jpg",
+                "/train/b/up.jpg",
+                "train/linked/up.jpg",
+                "train/b/deep/loop/x.png",
+                "train/b/deep/..",
+                "train/b/deep/.",
+                "train/b/deep/",
+                "train/abs.jpg",
+                "train/broken.jpg",
+                "train/a/10.jpg/x",
+                "train/a/nope",
+                "nope/x",
+            ] {
+                for follow in [true, false] {
+                    let want = walk(a, p.as_bytes(), follow).map_err(|e| e.errno());
+                    let got = dirs.walk(a, p.as_bytes(), follow).map_err(|e| e.errno());
+                    assert_eq!(got, want, "{p} follow={follow}");
+                }
+            }
         }
         let files: Vec<String> = files_under(a, b"train", Some(&[".jpg".into(), ".png".into()]))
             .unwrap()

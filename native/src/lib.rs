@@ -10,7 +10,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use archfs::archive::path::{files_under, read_into, walk};
+use archfs::archive::path::{files_under, read_into, walk, Dirs};
 use archfs::archive::{Archive as Reader, Attr, Kind};
 use archfs::cache::CacheConfig;
 use archfs::error::Error;
@@ -34,6 +34,8 @@ type Entry<'py> = (Bound<'py, PyString>, u32, Option<Stat>);
 struct Archive {
     inner: ManuallyDrop<Arc<dyn Reader>>,
     pid: u32,
+    /// Directories reads went through, by path (`archive::path::Dirs`).
+    dirs: Arc<Dirs>,
 }
 
 impl Drop for Archive {
@@ -75,6 +77,7 @@ impl Archive {
         Ok(Archive {
             inner: ManuallyDrop::new(opened.map_err(|e| open_error(e, &name))?),
             pid: std::process::id(),
+            dirs: Arc::default(),
         })
     }
 
@@ -85,9 +88,9 @@ impl Archive {
 
     /// Stat fields of `path`, its last link followed when `follow`.
     fn stat(&self, py: Python<'_>, path: Name, follow: bool) -> PyResult<Stat> {
-        let a = self.archive();
+        let (a, dirs) = (self.archive(), self.dirs.clone());
         let attr = py
-            .detach(|| walk(&*a, &path.0, follow))
+            .detach(|| dirs.walk(&*a, &path.0, follow))
             .map_err(|e| to_py(e, &path.0))?;
         Ok(stat(&attr))
     }
@@ -132,9 +135,9 @@ impl Archive {
         offset: u64,
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let a = self.archive();
+        let (a, dirs) = (self.archive(), self.dirs.clone());
         let data = py
-            .detach(|| read_path(&*a, &path.0, offset, size))
+            .detach(|| read_path(&*a, &dirs, &path.0, offset, size))
             .map_err(|e| to_py(e, &path.0))?;
         Ok(PyBytes::new(py, &data))
     }
@@ -145,11 +148,11 @@ impl Archive {
         py: Python<'py>,
         paths: Vec<Name>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let a = self.archive();
+        let (a, dirs) = (self.archive(), self.dirs.clone());
         let read = py.detach(|| {
             let mut out = Vec::with_capacity(paths.len());
             for p in &paths {
-                match read_path(&*a, &p.0, 0, None) {
+                match read_path(&*a, &dirs, &p.0, 0, None) {
                     Ok(d) => out.push(d),
                     Err(e) => return Err((e, p.0.clone())),
                 }
@@ -163,9 +166,9 @@ impl Archive {
     /// The inode number and size of the file at `path` (links followed), for a file
     /// object's reads by [`Archive::pread`].
     fn open(&self, py: Python<'_>, path: Name) -> PyResult<(u64, u64)> {
-        let a = self.archive();
+        let (a, dirs) = (self.archive(), self.dirs.clone());
         let attr = py
-            .detach(|| match walk(&*a, &path.0, true)? {
+            .detach(|| match dirs.walk(&*a, &path.0, true)? {
                 d if d.kind == Kind::Dir => Err(Error::IsDir),
                 f => Ok(f),
             })
@@ -280,11 +283,12 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Name {
 
 fn read_path(
     a: &dyn Reader,
+    dirs: &Dirs,
     path: &[u8],
     offset: u64,
     size: Option<u64>,
 ) -> archfs::error::Result<Vec<u8>> {
-    let attr = walk(a, path, true)?;
+    let attr = dirs.walk(a, path, true)?;
     if attr.kind == Kind::Dir {
         return Err(Error::IsDir);
     }

@@ -204,3 +204,52 @@ fn has_suffix(name: &[u8], suffixes: &[String]) -> bool {
         }
     }
 }
+
+/// The directories reads went through, by the path that named them: a shuffled epoch
+/// names each of ImageNet's 1,000 class directories 1,280 times, and one hash lookup of
+/// `train/n01440764` replaces its walk from the root (two binary searches of a 1.28 M-entry
+/// tar index, ~0.4 µs). The archive is read-only: what a path names never changes.
+#[derive(Default)]
+pub struct Dirs {
+    map: parking_lot::RwLock<std::collections::HashMap<Box<[u8]>, Attr>>,
+}
+
+/// Directories remembered before the map starts over.
+const MAX_DIRS: usize = 1 << 16;
+
+impl Dirs {
+    /// [`walk`], from the remembered directory of everything before the last `/`.
+    pub fn walk(&self, archive: &dyn Archive, path: &[u8], follow: bool) -> Result<Attr> {
+        let Some(slash) = path.iter().rposition(|&b| b == b'/') else {
+            return walk(archive, path, follow);
+        };
+        let (dir, name) = (&path[..slash], &path[slash + 1..]);
+        if dir.is_empty() || name.is_empty() || name == b"." || name == b".." {
+            return walk(archive, path, follow);
+        }
+        let known = self.map.read().get(dir).cloned();
+        let d = match known {
+            Some(d) => d,
+            None => {
+                let d = walk(archive, dir, true)?;
+                if d.kind == Kind::Dir {
+                    let mut map = self.map.write();
+                    if map.len() >= MAX_DIRS {
+                        map.clear();
+                    }
+                    map.insert(dir.into(), d.clone());
+                }
+                d
+            }
+        };
+        if d.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let attr = archive.lookup(d.ino, name)?;
+        if attr.kind == Kind::Symlink && follow {
+            // Its target may climb out of `dir`: walked with the directories above.
+            return walk(archive, path, follow);
+        }
+        Ok(attr)
+    }
+}
