@@ -187,7 +187,9 @@ impl Archive {
         let a = self.archive();
         let data = py
             .detach(|| {
-                let mut buf = vec![0; size];
+                // No more than the file holds: a caller's buffer may be far larger.
+                let left = a.attr(ino)?.size.saturating_sub(offset);
+                let mut buf = vec![0; size.min(usize::try_from(left).unwrap_or(usize::MAX))];
                 let n = read_into(&*a, ino, offset, &mut buf)?;
                 buf.truncate(n);
                 Ok(buf)

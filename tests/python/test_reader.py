@@ -224,6 +224,11 @@ def test_a_file_object_reads_seeks_and_tells_as_a_local_file_does(made, tree):
         buf = bytearray(1000)
         f.seek(10)
         assert f.readinto(buf) == 1000 and bytes(buf) == want[10:1010]
+    # A buffer far larger than the file: filled with what the file holds, nothing
+    # allocated for the rest.
+    raw = a.open("train/dog/003.JPEG", buffering=0)
+    huge = bytearray(64 << 20)
+    assert raw.readinto(huge) == (tree / "train/dog/003.JPEG").stat().st_size
     with a.open("sp ace & ünïcode ✓.txt", "r") as t:
         assert t.read() == "names\n"
     raw = a.open("train/dog/005.JPEG", buffering=0)
