@@ -35,7 +35,7 @@ struct Archive {
     inner: ManuallyDrop<Arc<dyn Reader>>,
     pid: u32,
     /// Directories reads went through, by path (`archive::path::Dirs`).
-    dirs: Arc<Dirs>,
+    dirs: Dirs,
 }
 
 impl Drop for Archive {
@@ -77,7 +77,7 @@ impl Archive {
         Ok(Archive {
             inner: ManuallyDrop::new(opened.map_err(|e| open_error(e, &name))?),
             pid: std::process::id(),
-            dirs: Arc::default(),
+            dirs: Dirs::default(),
         })
     }
 
@@ -88,9 +88,9 @@ impl Archive {
 
     /// Stat fields of `path`, its last link followed when `follow`.
     fn stat(&self, py: Python<'_>, path: Name, follow: bool) -> PyResult<Stat> {
-        let (a, dirs) = (self.archive(), self.dirs.clone());
+        let (a, dirs) = (self.archive(), &self.dirs);
         let attr = py
-            .detach(|| dirs.walk(&*a, &path.0, follow))
+            .detach(|| dirs.walk(a, &path.0, follow))
             .map_err(|e| to_py(e, &path.0))?;
         Ok(stat(&attr))
     }
@@ -101,7 +101,7 @@ impl Archive {
         let a = self.archive();
         let found = py
             .detach(|| -> archfs::error::Result<_> {
-                let dir = walk(&*a, &path.0, true)?;
+                let dir = walk(a, &path.0, true)?;
                 if dir.kind != Kind::Dir {
                     return Err(Error::NotDir);
                 }
@@ -135,9 +135,9 @@ impl Archive {
         offset: u64,
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let (a, dirs) = (self.archive(), self.dirs.clone());
+        let (a, dirs) = (self.archive(), &self.dirs);
         let data = py
-            .detach(|| read_path(&*a, &dirs, &path.0, offset, size))
+            .detach(|| read_path(a, dirs, &path.0, offset, size))
             .map_err(|e| to_py(e, &path.0))?;
         Ok(PyBytes::new(py, &data))
     }
@@ -148,11 +148,11 @@ impl Archive {
         py: Python<'py>,
         paths: Vec<Name>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let (a, dirs) = (self.archive(), self.dirs.clone());
+        let (a, dirs) = (self.archive(), &self.dirs);
         let read = py.detach(|| {
             let mut out = Vec::with_capacity(paths.len());
             for p in &paths {
-                match read_path(&*a, &dirs, &p.0, 0, None) {
+                match read_path(a, dirs, &p.0, 0, None) {
                     Ok(d) => out.push(d),
                     Err(e) => return Err((e, p.0.clone())),
                 }
@@ -166,9 +166,9 @@ impl Archive {
     /// The inode number and size of the file at `path` (links followed), for a file
     /// object's reads by [`Archive::pread`].
     fn open(&self, py: Python<'_>, path: Name) -> PyResult<(u64, u64)> {
-        let (a, dirs) = (self.archive(), self.dirs.clone());
+        let (a, dirs) = (self.archive(), &self.dirs);
         let attr = py
-            .detach(|| match dirs.walk(&*a, &path.0, true)? {
+            .detach(|| match dirs.walk(a, &path.0, true)? {
                 d if d.kind == Kind::Dir => Err(Error::IsDir),
                 f => Ok(f),
             })
@@ -190,7 +190,7 @@ impl Archive {
                 // No more than the file holds: a caller's buffer may be far larger.
                 let left = a.attr(ino)?.size.saturating_sub(offset);
                 let mut buf = vec![0; size.min(usize::try_from(left).unwrap_or(usize::MAX))];
-                let n = read_into(&*a, ino, offset, &mut buf)?;
+                let n = read_into(a, ino, offset, &mut buf)?;
                 buf.truncate(n);
                 Ok(buf)
             })
@@ -203,7 +203,7 @@ impl Archive {
         let a = self.archive();
         let target = py
             .detach(|| {
-                let attr = walk(&*a, &path.0, false)?;
+                let attr = walk(a, &path.0, false)?;
                 a.readlink(attr.ino)
             })
             .map_err(|e| to_py(e, &path.0))?;
@@ -220,7 +220,7 @@ impl Archive {
         let a = self.archive();
         let all = py
             .detach(|| {
-                let attr = walk(&*a, &path.0, follow)?;
+                let attr = walk(a, &path.0, follow)?;
                 a.xattrs(attr.ino)
             })
             .map_err(|e| to_py(e, &path.0))?;
@@ -242,15 +242,16 @@ impl Archive {
     ) -> PyResult<Vec<Bound<'py, PyString>>> {
         let a = self.archive();
         let found = py
-            .detach(|| files_under(&*a, &root.0, suffixes.as_deref()))
+            .detach(|| files_under(a, &root.0, suffixes.as_deref()))
             .map_err(|e| to_py(e, &root.0))?;
         Ok(found.iter().map(|p| name(py, p)).collect())
     }
 }
 
 impl Archive {
-    fn archive(&self) -> Arc<dyn Reader> {
-        Arc::clone(&self.inner)
+    /// The archive, borrowed for a call (no reference count touched a read).
+    fn archive(&self) -> &dyn Reader {
+        &**self.inner
     }
 }
 
