@@ -112,6 +112,17 @@ pub trait Archive: Send + Sync {
     fn stored_at(&self, _ino: u64, _offset: u64, _size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
         None
     }
+    /// Bytes `offset..` of file `ino` into `buf`, as many as fit or the file holds: by
+    /// `pread` where [`Archive::stored_at`] finds them, else by [`Archive::read`]. For
+    /// the in-process reader, which has a buffer where the mount has a pipe.
+    fn read_into(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        path::fill(
+            offset,
+            buf,
+            |at, n| self.stored_at(ino, at, n),
+            |at, n| self.read(ino, at, n),
+        )
+    }
     /// Where file `ino`'s data lies among the others': files taken in this order are
     /// read front to back (the push's order). Inode numbers, where they were handed out
     /// in archive order.

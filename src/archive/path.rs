@@ -7,7 +7,7 @@
 //! (absolute targets, or `..` past the root), are not found, where a mount would lead
 //! outside it.
 
-use super::{Archive, Attr, Kind, ROOT_INO};
+use super::{Archive, Attr, Data, Kind, ROOT_INO};
 use crate::error::{Error, Result};
 
 /// Links followed in one walk before giving up, as Linux's `MAXSYMLINKS`.
@@ -77,17 +77,28 @@ fn walk_from(
 /// straight from the archive file where they lie there verbatim (one `pread` into the
 /// caller's buffer), else through the format's reader. Returns how many it read.
 pub fn read_into(archive: &dyn Archive, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    archive.read_into(ino, offset, buf)
+}
+
+/// [`Archive::read_into`] from a file's `stored_at` and `read`, given as closures over
+/// (offset, size), so a format can look its file up once for both.
+pub fn fill<'a>(
+    offset: u64,
+    buf: &mut [u8],
+    stored_at: impl Fn(u64, u32) -> Option<(std::os::fd::BorrowedFd<'a>, u64, u32)>,
+    read: impl Fn(u64, u32) -> Result<Data>,
+) -> Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         let at = offset + done as u64;
         let want = u32::try_from(buf.len() - done).unwrap_or(u32::MAX);
-        if let Some((fd, pos, len)) = archive.stored_at(ino, at, want) {
+        if let Some((fd, pos, len)) = stored_at(at, want) {
             let len = len as usize;
             read_fd(fd, pos, &mut buf[done..done + len])?;
             done += len;
             continue;
         }
-        let data = archive.read(ino, at, want)?;
+        let data = read(at, want)?;
         if data.is_empty() {
             break;
         }

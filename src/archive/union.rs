@@ -340,6 +340,14 @@ impl Archive for Union {
         a.stored_at(i, offset, size)
     }
 
+    fn read_into(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if self.merged(ino).is_some() {
+            return Err(Error::IsDir);
+        }
+        let (a, i) = self.untag(ino)?;
+        a.read_into(i, offset, buf)
+    }
+
     /// Member by member, each in its own order: the inode numbers put the member in the
     /// low bits, so in their order a push went through every shard for each file
     /// number, against the preload's order (a cold epoch of 1,000 shards 1.4x one tar).

@@ -3,11 +3,12 @@
 //! packed with other files' tails into a shared fragment block.
 
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use super::inode::{Body, NO_FRAGMENT};
+use super::table::Fragment;
 use super::SquashFs;
 use crate::archive::Data;
 use crate::cache::Weighted;
@@ -50,6 +51,8 @@ pub struct Layout {
     /// Where the size list and the data start: the walk from block 0.
     origin: Mark,
     walk: Mutex<Walk>,
+    /// The fragment's entry, once read: both `stored_at` and `read` want it.
+    tail: OnceLock<Fragment>,
 }
 
 struct Walk {
@@ -132,35 +135,79 @@ impl Layout {
     }
 }
 
+/// A value from the cache, or one made for a single use.
+enum Held<T> {
+    Shared(Arc<T>),
+    Own(T),
+}
+
+impl<T> std::ops::Deref for Held<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            Held::Shared(v) => v,
+            Held::Own(v) => v,
+        }
+    }
+}
+
 impl SquashFs {
-    fn layout(&self, inode_ref: u64) -> Result<Arc<Layout>> {
-        self.layout_cache.get_or_load(inode_ref, || {
-            let inode = self.inode(inode_ref)?;
-            let f = match inode.body {
-                Body::File(f) => f,
-                Body::Dir(_) => return Err(Error::IsDir),
-                _ => return Err(Error::corrupt("read of an inode that is not a file")),
-            };
-            let stride = f.block_count.div_ceil(MAX_SAMPLES).max(1);
-            let origin = Mark {
-                index: 0,
-                start: f.blocks_start,
-                stored: 0,
-                meta: (f.sizes_pos.0, f.sizes_pos.1 as u32),
-            };
-            Ok(Layout {
-                size: f.size,
-                fragment: f.fragment,
-                frag_offset: f.frag_offset,
-                block_count: f.block_count,
-                stride,
-                origin,
-                walk: Mutex::new(Walk {
-                    samples: Vec::with_capacity(f.block_count.div_ceil(stride) as usize),
-                    next: origin,
-                }),
+    /// How to find the blocks of the file at `inode_ref`. Only files with blocks are
+    /// cached: a file held whole in a fragment needs nothing past its inode, and caching
+    /// it cost an insertion and an eviction a file (1.28 M small files overflow the cache).
+    fn layout(&self, inode_ref: u64) -> Result<Held<Layout>> {
+        if let Some(l) = self.layout_cache.get(inode_ref) {
+            return Ok(Held::Shared(l));
+        }
+        let layout = self.new_layout(inode_ref)?;
+        if layout.block_count == 0 {
+            return Ok(Held::Own(layout));
+        }
+        let mut made = Some(layout);
+        self.layout_cache
+            .get_or_load(inode_ref, || match made.take() {
+                Some(l) => Ok(l),
+                None => self.new_layout(inode_ref),
             })
+            .map(Held::Shared)
+    }
+
+    fn new_layout(&self, inode_ref: u64) -> Result<Layout> {
+        let inode = self.inode(inode_ref)?;
+        let f = match inode.body {
+            Body::File(f) => f,
+            Body::Dir(_) => return Err(Error::IsDir),
+            _ => return Err(Error::corrupt("read of an inode that is not a file")),
+        };
+        let stride = f.block_count.div_ceil(MAX_SAMPLES).max(1);
+        let origin = Mark {
+            index: 0,
+            start: f.blocks_start,
+            stored: 0,
+            meta: (f.sizes_pos.0, f.sizes_pos.1 as u32),
+        };
+        Ok(Layout {
+            size: f.size,
+            fragment: f.fragment,
+            frag_offset: f.frag_offset,
+            block_count: f.block_count,
+            stride,
+            origin,
+            walk: Mutex::new(Walk {
+                samples: Vec::with_capacity(f.block_count.div_ceil(stride) as usize),
+                next: origin,
+            }),
+            tail: OnceLock::new(),
         })
+    }
+
+    /// Where the fragment holding the file's tail is stored.
+    fn tail(&self, layout: &Layout) -> Result<Fragment> {
+        if let Some(f) = layout.tail.get() {
+            return Ok(*f);
+        }
+        let f = self.fragment(layout.fragment)?;
+        Ok(*layout.tail.get_or_init(|| f))
     }
 
     /// The decoded block holding chunk `i` of the file, and the byte range of the chunk
@@ -187,7 +234,7 @@ impl SquashFs {
         if layout.fragment == NO_FRAGMENT {
             return Err(Error::corrupt("file tail has no fragment"));
         }
-        let frag = self.fragment(layout.fragment)?;
+        let frag = self.tail(layout)?;
         if frag.size & SIZE_MASK > self.sb.block_size {
             return Err(Error::corrupt("fragment larger than a block"));
         }
@@ -248,6 +295,27 @@ impl SquashFs {
         size: u32,
     ) -> Option<(BorrowedFd<'_>, u64, u32)> {
         let layout = self.layout(inode_ref).ok()?;
+        self.stored_in(&layout, offset, size)
+    }
+
+    /// [`Archive::read_into`](crate::archive::Archive::read_into) with the file looked
+    /// up once, not once by `stored_at` and again by `read`.
+    pub(super) fn read_into(&self, inode_ref: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let layout = self.layout(inode_ref)?;
+        crate::archive::path::fill(
+            offset,
+            buf,
+            |at, n| self.stored_in(&layout, at, n),
+            |at, n| self.read_in(&layout, at, n),
+        )
+    }
+
+    fn stored_in(
+        &self,
+        layout: &Layout,
+        offset: u64,
+        size: u32,
+    ) -> Option<(BorrowedFd<'_>, u64, u32)> {
         if offset >= layout.size {
             return None;
         }
@@ -261,7 +329,7 @@ impl SquashFs {
                 let (pos, stored) = layout.block(self, i).ok()?;
                 (pos, stored, u64::from(stored & SIZE_MASK))
             } else {
-                let frag = self.fragment(layout.fragment).ok()?;
+                let frag = self.tail(layout).ok()?;
                 let room =
                     u64::from(frag.size & SIZE_MASK).checked_sub(u64::from(layout.frag_offset))?;
                 (frag.start + u64::from(layout.frag_offset), frag.size, room)
@@ -289,6 +357,10 @@ impl SquashFs {
 
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {
         let layout = self.layout(inode_ref)?;
+        self.read_in(&layout, offset, size)
+    }
+
+    fn read_in(&self, layout: &Layout, offset: u64, size: u32) -> Result<Data> {
         if offset >= layout.size || size == 0 {
             return Ok(Data::Owned(Buf::default()));
         }
@@ -296,7 +368,7 @@ impl SquashFs {
         let bs = u64::from(self.sb.block_size);
         let (first, last) = (offset / bs, (end - 1) / bs);
         if first == last {
-            let (block, start, _) = self.chunk(&layout, first)?;
+            let (block, start, _) = self.chunk(layout, first)?;
             let from = start + (offset - first * bs) as usize;
             let to = start + (end - first * bs) as usize;
             return Ok(Data::Shared(block, from..to));
@@ -304,7 +376,7 @@ impl SquashFs {
         let mut out = Buf::take((end - offset) as usize);
         let mut at = 0;
         for i in first..=last {
-            let (block, start, len) = self.chunk(&layout, i)?;
+            let (block, start, len) = self.chunk(layout, i)?;
             let lo = if i == first {
                 (offset - i * bs) as usize
             } else {

@@ -85,12 +85,12 @@ impl SquashFs {
             ids: Vec::new(),
             frag_ptrs,
             xattrs,
-            // Of ~128 bytes an inode: 48 for metadata blocks, 48 for the tables of names
-            // of large directories (~32 bytes a name, and room for uneven shards), 32
-            // for file layouts.
+            // Of ~128 bytes an inode: 48 for metadata blocks, 64 for the tables of names
+            // of large directories (~41 bytes a name, and room for uneven shards), 16
+            // for the layouts of files with blocks (a file held in a fragment needs none).
             meta_cache: BlockCache::new("metadata", meta * 3 / 8),
-            layout_cache: BlockCache::new("layout", meta / 4),
-            dir_cache: BlockCache::with_shards("directory", meta * 3 / 8, 4),
+            layout_cache: BlockCache::new("layout", meta / 8),
+            dir_cache: BlockCache::with_shards("directory", meta / 2, 4),
             frag_cache: BlockCache::new("fragment", frag),
             data_cache: BlockCache::new("data", data),
         };
@@ -175,10 +175,11 @@ impl Archive for SquashFs {
     }
 
     fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
-        let d = self.dir_inode(dir)?;
-        let entry = self.find_in_dir(&d, name)?.ok_or(Error::NotFound)?;
-        let inode = self.inode(entry.inode_ref)?;
-        self.make_attr(self.to_ino(entry.inode_ref), &inode)
+        let (inode_ref, _) = self
+            .find_in_dir(self.to_ref(dir), name)?
+            .ok_or(Error::NotFound)?;
+        let inode = self.inode(inode_ref)?;
+        self.make_attr(self.to_ino(inode_ref), &inode)
     }
 
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
@@ -200,6 +201,10 @@ impl Archive for SquashFs {
 
     fn stored_at(&self, ino: u64, offset: u64, size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
         self.stored_at(self.to_ref(ino), offset, size)
+    }
+
+    fn read_into(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_into(self.to_ref(ino), offset, buf)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
