@@ -4,6 +4,7 @@
 //! format: choosing one is [`crate::open`]'s.
 
 pub mod check;
+pub mod names;
 pub mod path;
 mod union;
 
