@@ -21,6 +21,7 @@ and again (warm):
 import glob
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -46,7 +47,8 @@ class InProcess:
 
 
 def install_wheel(args):
-    wheels = sorted(glob.glob(os.path.join(args.inproc_wheel_dir, "archfs-*.whl")))
+    wheels = sorted(glob.glob(os.path.join(args.inproc_wheel_dir,
+                                           f"archfs-*_{platform.machine()}.*whl")))
     if not wheels:
         raise SystemExit(f"no wheel in {args.inproc_wheel_dir}: run scripts/wheel first")
     log(f"pip install {os.path.basename(wheels[-1])} into the bench venv")

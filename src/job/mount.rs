@@ -51,6 +51,11 @@ fn clones_descriptors(dev: BorrowedFd<'_>) -> bool {
     // SAFETY: the ioctl reads one u32 (the descriptor to clone) from `source`; `probe` is
     // an open /dev/fuse, closed when it drops (a clone is then just let go).
     let rc = unsafe { libc::ioctl(probe.as_raw_fd(), FUSE_DEV_IOC_CLONE as _, &mut source) };
+    tracing::debug!(
+        "page size {} bytes; FUSE descriptor clone: {}",
+        crate::memory::page_size(),
+        if rc == 0 { "yes" } else { "no" }
+    );
     if rc == 0 {
         return true;
     }
