@@ -154,9 +154,23 @@ impl SquashFs {
         if len <= BLOCK_SIZE as u64 || self.dir_cache.room(dir_ref) < len as usize {
             return self.scan_dir(&dir, name);
         }
-        let table = self
-            .dir_cache
-            .get_or_load(dir_ref, || Ok(Table::new(self.list_dir(&dir)?)))?;
+        let table = self.dir_cache.get_or_load(dir_ref, || {
+            // Records take no more than the listing: 8 bytes and the name an entry, where
+            // the listing has 8 and the name, and a 12-byte header a run of entries.
+            let mut r = Records {
+                bytes: Vec::with_capacity(len as usize),
+                at: Vec::new(),
+            };
+            let c = self.cursor(
+                self.sb.dir_table + u64::from(dir.block),
+                usize::from(dir.offset),
+            );
+            walk(c, len, |e| {
+                r.push(e.inode_ref, e.kind, e.name);
+                Ok(true)
+            })?;
+            Ok(Table::new(r))
+        })?;
         Ok(table.find(name))
     }
 
@@ -225,27 +239,33 @@ const KINDS: [Kind; 7] = [
     Kind::Socket,
 ];
 
+/// A table's records as the listing is walked: no entry of its own, no name allocated.
+#[derive(Default)]
+struct Records {
+    bytes: Vec<u8>,
+    at: Vec<u32>,
+}
+
+impl Records {
+    fn push(&mut self, inode_ref: u64, kind: Kind, name: &[u8]) {
+        // A listing is at most 4 GiB (its size is a u32), names at most 256 bytes.
+        self.at.push(self.bytes.len() as u32);
+        let kind = KINDS.iter().position(|&k| k == kind).unwrap_or(0) as u64;
+        let packed = inode_ref << 3 | kind;
+        self.bytes.push((name.len() - 1) as u8);
+        self.bytes.extend_from_slice(&packed.to_le_bytes()[..7]);
+        self.bytes.extend_from_slice(name);
+    }
+}
+
 impl Table {
-    fn new(listing: Vec<RawEntry>) -> Table {
-        let mut records = Vec::with_capacity(listing.iter().map(|e| e.name.len() + 8).sum());
-        let mut at = Vec::with_capacity(listing.len());
-        for e in &listing {
-            // A listing is at most 4 GiB (its size is a u32), names at most 256 bytes.
-            at.push(records.len() as u32);
-            let kind = KINDS.iter().position(|&k| k == e.kind).unwrap_or(0) as u64;
-            let packed = e.inode_ref << 3 | kind;
-            records.push((e.name.len() - 1) as u8);
-            records.extend_from_slice(&packed.to_le_bytes()[..7]);
-            records.extend_from_slice(&e.name);
-        }
-        let index = NameIndex::new(
-            listing.len(),
-            listing
-                .iter()
-                .zip(at)
-                .map(|(e, at)| (e.name.as_slice(), at)),
-        );
-        Table { records, index }
+    fn new(r: Records) -> Table {
+        let mut t = Table {
+            records: r.bytes,
+            index: NameIndex::new(0, []),
+        };
+        t.index = NameIndex::new(r.at.len(), r.at.iter().map(|&at| (t.name(at as usize), at)));
+        t
     }
 
     fn name(&self, at: usize) -> &[u8] {
@@ -285,16 +305,11 @@ mod tests {
             })
             .collect();
         let want = |i: usize| ((i as u64) << 16 | 0xffff_0000_0000, KINDS[i % KINDS.len()]);
-        let listing = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| RawEntry {
-                inode_ref: want(i).0,
-                kind: want(i).1,
-                name: n.clone(),
-            })
-            .collect();
-        let t = Table::new(listing);
+        let mut r = Records::default();
+        for (i, n) in names.iter().enumerate() {
+            r.push(want(i).0, want(i).1, n);
+        }
+        let t = Table::new(r);
         for (i, n) in names.iter().enumerate() {
             assert_eq!(t.find(n), Some(want(i)), "{}", String::from_utf8_lossy(n));
             for other in [[n.as_slice(), b"x"].concat(), n[..n.len() - 1].to_vec()] {
