@@ -135,12 +135,12 @@ impl SquashFs {
         Ok(out)
     }
 
-    /// The inode reference and type of `name`: in a listing longer than a metadata block,
+    /// The inode reference of `name`: in a listing longer than a metadata block,
     /// from the directory's table of names, made on its first lookup and kept in the
     /// cache; else by a scan of the listing. (tar2sqfs writes no directory index: a lookup
     /// in its 1,300-entry directories scanned half of them.)
     /// The table is found by the directory's inode reference, before its inode is read.
-    pub fn find_in_dir(&self, dir_ref: u64, name: &[u8]) -> Result<Option<(u64, Kind)>> {
+    pub fn find_in_dir(&self, dir_ref: u64, name: &[u8]) -> Result<Option<u64>> {
         if let Some(table) = self.dir_cache.get(dir_ref) {
             return Ok(table.find(name));
         }
@@ -166,7 +166,7 @@ impl SquashFs {
                 usize::from(dir.offset),
             );
             walk(c, len, |e| {
-                r.push(e.inode_ref, e.kind, e.name);
+                r.push(e.inode_ref, e.name);
                 Ok(true)
             })?;
             Ok(Table::new(r))
@@ -177,7 +177,7 @@ impl SquashFs {
     /// Finds `name`, scanning from the directory index entry closest before it: a
     /// shuffled epoch over 1.28 M files in 1,000 directories scanned ~140 entries a
     /// lookup (13 µs of 22 µs a file read in process), which the table above avoids.
-    fn scan_dir(&self, dir: &DirInode, name: &[u8]) -> Result<Option<(u64, Kind)>> {
+    fn scan_dir(&self, dir: &DirInode, name: &[u8]) -> Result<Option<u64>> {
         let mut block = self.sb.dir_table + u64::from(dir.block);
         let mut skipped = 0u64;
         if dir.index_count > 0 {
@@ -209,7 +209,7 @@ impl SquashFs {
             Ok(match e.name.cmp(name) {
                 Ordering::Less => true,
                 Ordering::Equal => {
-                    found = Some((e.inode_ref, e.kind));
+                    found = Some(e.inode_ref);
                     false
                 }
                 Ordering::Greater => false,
@@ -222,22 +222,18 @@ impl SquashFs {
 /// A large directory's entries under a hash of their names: a lookup reads one slot
 /// and one record.
 pub struct Table {
-    /// Records: the name's length - 1 (a byte), the inode reference (48 bits) and type
-    /// (3 bits) in 7 bytes, then the name.
+    /// Records: the name's length - 1 (a byte), the inode reference (48 bits) in 7
+    /// bytes, then the name.
     records: Vec<u8>,
     /// Record positions by name.
     index: NameIndex,
 }
 
-const KINDS: [Kind; 7] = [
-    Kind::File,
-    Kind::Dir,
-    Kind::Symlink,
-    Kind::BlockDev,
-    Kind::CharDev,
-    Kind::Fifo,
-    Kind::Socket,
-];
+/// The name of the record at `at`.
+fn name_at(records: &[u8], at: usize) -> &[u8] {
+    let len = usize::from(records[at]) + 1;
+    records.get(at + 8..at + 8 + len).unwrap_or_default()
+}
 
 /// A table's records as the listing is walked: no entry of its own, no name allocated.
 #[derive(Default)]
@@ -247,39 +243,33 @@ struct Records {
 }
 
 impl Records {
-    fn push(&mut self, inode_ref: u64, kind: Kind, name: &[u8]) {
+    fn push(&mut self, inode_ref: u64, name: &[u8]) {
         // A listing is at most 4 GiB (its size is a u32), names at most 256 bytes.
         self.at.push(self.bytes.len() as u32);
-        let kind = KINDS.iter().position(|&k| k == kind).unwrap_or(0) as u64;
-        let packed = inode_ref << 3 | kind;
         self.bytes.push((name.len() - 1) as u8);
-        self.bytes.extend_from_slice(&packed.to_le_bytes()[..7]);
+        self.bytes.extend_from_slice(&inode_ref.to_le_bytes()[..7]);
         self.bytes.extend_from_slice(name);
     }
 }
 
 impl Table {
     fn new(r: Records) -> Table {
-        let mut t = Table {
+        let names = r.at.iter().map(|&at| (name_at(&r.bytes, at as usize), at));
+        let index = NameIndex::new(r.at.len(), names);
+        Table {
             records: r.bytes,
-            index: NameIndex::new(0, []),
-        };
-        t.index = NameIndex::new(r.at.len(), r.at.iter().map(|&at| (t.name(at as usize), at)));
-        t
+            index,
+        }
     }
 
-    fn name(&self, at: usize) -> &[u8] {
-        let len = usize::from(self.records[at]) + 1;
-        self.records.get(at + 8..at + 8 + len).unwrap_or_default()
-    }
-
-    /// The inode reference and type of `name`.
-    fn find(&self, name: &[u8]) -> Option<(u64, Kind)> {
-        let at = self.index.find(name, |at| self.name(at as usize) == name)? as usize;
-        let mut packed = [0u8; 8];
-        packed[..7].copy_from_slice(&self.records[at + 1..at + 8]);
-        let packed = u64::from_le_bytes(packed);
-        Some((packed >> 3, KINDS[(packed & 7) as usize]))
+    /// The inode reference of `name`.
+    fn find(&self, name: &[u8]) -> Option<u64> {
+        let at =
+            self.index
+                .find(name, |at| name_at(&self.records, at as usize) == name)? as usize;
+        let mut inode_ref = [0u8; 8];
+        inode_ref[..7].copy_from_slice(&self.records[at + 1..at + 8]);
+        Some(u64::from_le_bytes(inode_ref))
     }
 }
 
@@ -304,10 +294,10 @@ mod tests {
                 n
             })
             .collect();
-        let want = |i: usize| ((i as u64) << 16 | 0xffff_0000_0000, KINDS[i % KINDS.len()]);
+        let want = |i: usize| (i as u64) << 16 | 0xffff_0000_0000;
         let mut r = Records::default();
         for (i, n) in names.iter().enumerate() {
-            r.push(want(i).0, want(i).1, n);
+            r.push(want(i), n);
         }
         let t = Table::new(r);
         for (i, n) in names.iter().enumerate() {

@@ -175,7 +175,7 @@ impl Archive for SquashFs {
     }
 
     fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
-        let (inode_ref, _) = self
+        let inode_ref = self
             .find_in_dir(self.to_ref(dir), name)?
             .ok_or(Error::NotFound)?;
         let inode = self.inode(inode_ref)?;

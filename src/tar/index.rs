@@ -267,9 +267,10 @@ impl Index {
         n.data as usize..n.data as usize + n.aux as usize
     }
 
-    /// Binary search: directory entries are sorted by name bytes.
-    pub fn find(&self, dir: u32, name: &[u8]) -> Option<u32> {
-        let (mut lo, mut hi) = (self.children(dir).start, self.children(dir).end);
+    /// Binary search of a directory's `entries` ([`Index::children`]): they are sorted
+    /// by name bytes.
+    pub fn find(&self, entries: Range<usize>, name: &[u8]) -> Option<u32> {
+        let (mut lo, mut hi) = (entries.start, entries.end);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.name(mid).cmp(name) {

@@ -8,6 +8,7 @@ pub mod index;
 pub mod persist;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -52,7 +53,7 @@ pub struct TarArchive {
     index: Index,
     /// Hash indexes of large directories' names by directory, made on first lookup:
     /// ~12 bytes a name (16 MiB at 1.28 M files).
-    hashed: RwLock<HashMap<u32, Arc<NameIndex>>>,
+    hashed: RwLock<HashMap<u32, NameIndex>>,
 }
 
 /// Directories of more names than this are looked up by hash, the others by binary
@@ -286,23 +287,25 @@ impl TarArchive {
 }
 
 impl TarArchive {
-    /// Node `name` of directory `dir`.
-    fn find(&self, dir: u32, name: &[u8]) -> Option<u32> {
-        let entries = self.index.children(dir);
+    /// Node `name` among directory `dir`'s `entries`.
+    fn find(&self, dir: u32, entries: Range<usize>, name: &[u8]) -> Option<u32> {
         if entries.len() <= HASHED_FROM {
-            return self.index.find(dir, name);
+            return self.index.find(entries, name);
         }
         let start = entries.start;
-        let known = self.hashed.read().get(&dir).cloned();
-        let hashed = match known {
-            Some(h) => h,
+        let is = |i: u32| self.index.name(start + i as usize) == name;
+        // Found under the read lock: no count of references taken a lookup.
+        let known = self.hashed.read().get(&dir).map(|h| h.find(name, is));
+        let i = match known {
+            Some(found) => found,
             None => {
                 let names = entries.map(|i| (self.index.name(i), (i - start) as u32));
-                let h = Arc::new(NameIndex::new(names.len(), names));
-                self.hashed.write().entry(dir).or_insert(h).clone()
+                let h = NameIndex::new(names.len(), names);
+                let found = h.find(name, is);
+                self.hashed.write().entry(dir).or_insert(h);
+                found
             }
-        };
-        let i = hashed.find(name, |i| self.index.name(start + i as usize) == name)?;
+        }?;
         Some(self.index.child(start + i as usize))
     }
 }
@@ -350,7 +353,8 @@ impl Archive for TarArchive {
         if kind_of(n.kind) != Kind::Dir {
             return Err(Error::NotDir);
         }
-        let child = self.find(id, name).ok_or(Error::NotFound)?;
+        let entries = n.data as usize..n.data as usize + n.aux as usize;
+        let child = self.find(id, entries, name).ok_or(Error::NotFound)?;
         Ok(self.make_attr(child, &self.index.node(child)))
     }
 
