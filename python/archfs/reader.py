@@ -216,14 +216,16 @@ class File(io.RawIOBase):
 
     def readinto(self, b) -> int:
         view = memoryview(b).cast("B")
-        data = self._native.pread(self._ino, self._pos, len(view))
+        data = self._native.pread(self._ino, self._pos, len(view), self.name)
         n = len(data)
         view[:n] = data
         self._pos += n
         return n
 
     def readall(self) -> bytes:
-        data = self._native.pread(self._ino, self._pos, max(self._size - self._pos, 0))
+        data = self._native.pread(
+            self._ino, self._pos, max(self._size - self._pos, 0), self.name
+        )
         self._pos += len(data)
         return data
 

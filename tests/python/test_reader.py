@@ -348,6 +348,27 @@ def test_what_is_not_an_archive_or_is_damaged_gives_clear_errors(tmp_path, tree)
     print(f"{eio} files of the damaged image gave EIO")
 
 
+def test_a_file_cut_short_under_an_open_archive_gives_eio_naming_it(tmp_path, tree):
+    # Large reads are written straight into the `bytes` returned, small ones copied from
+    # a buffer: a file that ends before its size says fails either way, by every call,
+    # and no half-filled `bytes` escapes.
+    path = build("tar-gnu", tree, tmp_path / "cut.tar")
+    a = archfs.open_archive(path)
+    small = [f"train/dog/{i:03}.JPEG" for i in range(3)]
+    assert a.read_many(small) == [(tree / n).read_bytes() for n in small]
+    with tarfile.open(path) as t:
+        big = t.getmember("./big.bin")
+    os.truncate(path, big.offset_data + (1 << 20))
+    for call in (lambda: a.read("big.bin"),
+                 lambda: a.read("big.bin", 1 << 20, 1 << 20),
+                 lambda: a.read_many(small + ["big.bin"]),
+                 lambda: a.open("big.bin").read()):
+        with pytest.raises(OSError) as e:
+            call()
+        assert e.value.errno == errno.EIO and e.value.filename == "big.bin", e.value
+    assert a.read("big.bin", 0, 1000) == (tree / "big.bin").read_bytes()[:1000]
+
+
 # fsspec
 
 
