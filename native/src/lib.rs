@@ -16,6 +16,7 @@ use archfs::cache::CacheConfig;
 use archfs::error::Error;
 use archfs::open::{open_many, OpenOptions};
 use archfs::source::RemoteOptions;
+use archfs::warm::preload::{Plan, Trigger};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
@@ -36,6 +37,10 @@ struct Archive {
     pid: u32,
     /// Directories reads went through, by path (`archive::path::Dirs`).
     dirs: Dirs,
+    /// `preload="auto"`: streams the archive into the page cache once reads show an
+    /// epoch, as a mount does (each DataLoader worker has one; the page cache is shared,
+    /// and a worker finding the pages there reads nothing again).
+    trigger: Option<Trigger>,
 }
 
 impl Drop for Archive {
@@ -50,13 +55,14 @@ impl Drop for Archive {
 #[pymethods]
 impl Archive {
     #[new]
-    #[pyo3(signature = (paths, recursive=false, cache_size=None, no_sign_request=false))]
+    #[pyo3(signature = (paths, recursive=false, cache_size=None, no_sign_request=false, preload="auto"))]
     fn new(
         py: Python<'_>,
         paths: Vec<PathBuf>,
         recursive: bool,
         cache_size: Option<u64>,
         no_sign_request: bool,
+        preload: &str,
     ) -> PyResult<Self> {
         if paths.is_empty() {
             return Err(PyValueError::new_err("no archive given"));
@@ -72,12 +78,27 @@ impl Archive {
             },
             ..Default::default()
         };
+        if !matches!(preload, "auto" | "always" | "never") {
+            return Err(PyValueError::new_err(format!(
+                "preload {preload:?} is not \"auto\", \"always\" or \"never\""
+            )));
+        }
         let opened = py.detach(|| open_many(&paths, &cache, &options));
         let name = paths[0].as_os_str().as_bytes().to_vec();
+        let inner = opened.map_err(|e| open_error(e, &name))?;
+        let trigger = match preload {
+            "auto" => Some(Trigger::new(inner.extents())),
+            "always" => {
+                Plan::new(inner.extents(), archfs::memory::available()).start();
+                None
+            }
+            _ => None,
+        };
         Ok(Archive {
-            inner: ManuallyDrop::new(opened.map_err(|e| open_error(e, &name))?),
+            inner: ManuallyDrop::new(inner),
             pid: std::process::id(),
             dirs: Dirs::default(),
+            trigger,
         })
     }
 
@@ -136,6 +157,7 @@ impl Archive {
         size: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let (a, dirs) = (self.archive(), &self.dirs);
+        self.note_read(offset);
         let found = py
             .detach(|| read_small(a, dirs, &path.0, offset, size))
             .map_err(|e| to_py(e, &path.0))?;
@@ -159,6 +181,7 @@ impl Archive {
         let found = py.detach(|| {
             let mut out = Vec::with_capacity(paths.len());
             for p in &paths {
+                self.note_read(0);
                 match read_small(a, dirs, &p.0, 0, None) {
                     Ok(f) => out.push(f),
                     Err(e) => return Err((e, p.0.clone())),
@@ -221,6 +244,7 @@ impl Archive {
         path: Name,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let a = self.archive();
+        self.note_read(offset);
         // No more than the file holds: a caller's buffer may be far larger.
         let left = py
             .detach(|| a.attr(ino))
@@ -285,6 +309,13 @@ impl Archive {
     /// The archive, borrowed for a call (no reference count touched a read).
     fn archive(&self) -> &dyn Reader {
         &**self.inner
+    }
+
+    /// Counts a read for `preload="auto"` (one atomic load once it has started).
+    fn note_read(&self, offset: u64) {
+        if let Some(t) = &self.trigger {
+            t.note_read(offset);
+        }
     }
 }
 

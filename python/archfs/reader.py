@@ -30,16 +30,23 @@ def open_archive(
     recursive: bool = False,
     cache_size: Union[int, str, None] = None,
     no_sign_request: bool = False,
+    preload: Union[bool, str] = "auto",
 ) -> "Archive":
     """Opens an archive, or the union of several (a directory stands for the archives
     in it, in name order; the last wins for a name in more than one), and returns an
     ``Archive``. Raises ``ValueError`` for what is not an archive archfs reads, and the
-    ``OSError`` of its errno for a missing or unreadable file."""
+    ``OSError`` of its errno for a missing or unreadable file.
+
+    ``preload`` streams local archives into the page cache in the background, as a
+    mount does: ``"auto"`` once 128 files have been read (an epoch, not a look at a few
+    files), ``"always"`` (or ``True``) at once, ``"never"`` (or ``False``); only when the
+    archives fit in three quarters of the memory free for the page cache."""
     archive = Archive(
         path_or_paths,
         recursive=recursive,
         cache_size=cache_size,
         no_sign_request=no_sign_request,
+        preload=preload,
     )
     archive._handle()
     return archive
@@ -56,11 +63,17 @@ class Archive:
         recursive: bool = False,
         cache_size: Union[int, str, None] = None,
         no_sign_request: bool = False,
+        preload: Union[bool, str] = "auto",
     ) -> None:
         if isinstance(path_or_paths, (str, bytes, os.PathLike)):
             path_or_paths = [path_or_paths]
         paths = [os.fsdecode(p) for p in path_or_paths]
-        self._args = (paths, bool(recursive), parse_size(cache_size), bool(no_sign_request))
+        when = {True: "always", False: "never"}.get(preload, preload)  # type: ignore[call-overload]
+        if when not in ("auto", "always", "never"):
+            raise ValueError(f"preload {preload!r} is not 'auto', 'always' or 'never'")
+        self._args = (
+            paths, bool(recursive), parse_size(cache_size), bool(no_sign_request), when
+        )
         self._native = None
         self._forks = None
 
@@ -74,8 +87,7 @@ class Archive:
         return native
 
     def __reduce__(self):
-        paths, recursive, cache_size, no_sign_request = self._args
-        return (_unpickle, (paths, recursive, cache_size, no_sign_request))
+        return (_unpickle, self._args)
 
     def __repr__(self) -> str:
         return f"<archfs.Archive {' '.join(self._args[0])!r}>"
@@ -308,9 +320,13 @@ def parse_size(size: Union[int, str, None]) -> Optional[int]:
         raise ValueError(f"cache_size {size!r} is not a size like 512M or 2G") from None
 
 
-def _unpickle(paths, recursive, cache_size, no_sign_request) -> Archive:
+def _unpickle(paths, recursive, cache_size, no_sign_request, preload="auto") -> Archive:
     return Archive(
-        paths, recursive=recursive, cache_size=cache_size, no_sign_request=no_sign_request
+        paths,
+        recursive=recursive,
+        cache_size=cache_size,
+        no_sign_request=no_sign_request,
+        preload=preload,
     )
 
 

@@ -35,7 +35,8 @@ from .workloads import read_pass, run_group
 
 
 # Largest file of the trees: --scale's (what is measured is the per-file cost), and one of
-# ImageNet's mean size (110 KiB, where copying the bytes is most of a read).
+# ImageNet's mean size (110 KiB, where copying the bytes is most of a read; random bytes
+# of their own, incompressible as JPEGs are).
 TINY, LARGE = 400, 220 << 10
 
 
@@ -138,7 +139,7 @@ class Bench(Scale):
         shapes += [(files, LARGE, f"{files} files of 1 B-220 KiB") for files in a.inproc_large]
         for files, max_size, section in shapes:
             classes = classes_for(files)
-            ds = self.dataset(files, classes, max_size)
+            ds = self.dataset(files, classes, max_size, unique=max_size == LARGE)
             manifest = read_manifest(ds["manifest"])
             ts = self.targets_for(ds, f"inproc{files}-{max_size}")
             for run in range(a.runs):

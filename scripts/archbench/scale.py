@@ -78,10 +78,12 @@ def tar_header(name, size, typeflag, mode, mtime):
     return h
 
 
-def write_tar(path, files, classes, seed, max_size, keep_manifest=True):
+def write_tar(path, files, classes, seed, max_size, keep_manifest=True, unique=False):
     """Writes an ImageNet-shaped tar: `classes` directories, `files` members dealt evenly,
-    sizes uniform in 1..max_size (0: empty members). Returns the manifest [(relpath, size)]
-    if asked for (14 M tuples would take gigabytes)."""
+    sizes uniform in 1..max_size (0: empty members). Members are slices of one random blob
+    (quick to write) unless `unique`: then random bytes of their own, as JPEGs are (slices
+    of one blob packed together compress, which JPEGs do not). Returns the manifest
+    [(relpath, size)] if asked for (14 M tuples would take gigabytes)."""
     rnd = random.Random(seed)
     blob = rnd.randbytes(max_size + 512)
     manifest = []
@@ -97,7 +99,7 @@ def write_tar(path, files, classes, seed, max_size, keep_manifest=True):
                 f.write(tar_header(rel, size, "0", 0o644, mtime + j % 86400))
                 if size:
                     off = j % 512
-                    f.write(blob[off:off + size])
+                    f.write(rnd.randbytes(size) if unique else blob[off:off + size])
                     f.write(bytes(-size % 512))
                 if keep_manifest:
                     manifest.append((rel, size))
@@ -145,9 +147,11 @@ class Scale:
 
     # -- data --------------------------------------------------------------------------------
 
-    def dataset(self, files, classes, max_size, plain=True, sqfs=True, keep_manifest=True):
+    def dataset(self, files, classes, max_size, plain=True, sqfs=True, keep_manifest=True,
+                unique=False):
         """tar, image and plain directory of one shape, cached under --workdir."""
-        key = f"scale-{files}f-{classes}c-{max_size}b-s{self.args.seed}"
+        own = "-unique" if unique else ""
+        key = f"scale-{files}f-{classes}c-{max_size}b{own}-s{self.args.seed}"
         d = os.path.join(self.args.workdir, key)
         os.makedirs(d, exist_ok=True)
         tar = os.path.join(d, "data.tar")
@@ -155,7 +159,8 @@ class Scale:
         if not os.path.exists(tar + ".complete"):
             log(f"writing {files} members in {classes} directories to {tar}")
             t0 = time.perf_counter()
-            manifest = write_tar(tar, files, classes, self.args.seed, max_size, keep_manifest)
+            manifest = write_tar(tar, files, classes, self.args.seed, max_size, keep_manifest,
+                                 unique)
             if keep_manifest:
                 write_list(manifest_path + ".tmp", manifest)
                 os.replace(manifest_path + ".tmp", manifest_path)

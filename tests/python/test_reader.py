@@ -15,6 +15,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -367,6 +368,58 @@ def test_a_file_cut_short_under_an_open_archive_gives_eio_naming_it(tmp_path, tr
             call()
         assert e.value.errno == errno.EIO and e.value.filename == "big.bin", e.value
     assert a.read("big.bin", 0, 1000) == (tree / "big.bin").read_bytes()[:1000]
+
+
+def resident(path):
+    """Bytes of `path` in the page cache, as fincore(1) counts them."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_preload_streams_the_archive_into_the_page_cache_when_asked(tmp_path, tree):
+    # A tar of the tree padded with a large member, so that its pages are many.
+    (tmp_path / "src").mkdir()
+    shutil.copytree(tree / "train", tmp_path / "src/train", symlinks=True)
+    (tmp_path / "src/pad.bin").write_bytes(random.Random(5).randbytes(48 << 20))
+    path = build("tar-gnu", tmp_path / "src", tmp_path / "pre.tar")
+    size = path.stat().st_size
+    names = [f"train/cat/{i}.jpg" for i in range(30)]
+
+    def evict():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert resident(path) < size // 4, "the test needs the archive out of memory"
+
+    def settled(want_all, deadline=120.0):
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if (resident(path) >= size) == want_all:
+                return True
+            time.sleep(0.2)
+        return False
+
+    # "never", and "auto" before an epoch: reads bring in what they read and no more.
+    for when in ("never", "auto", False):
+        evict()
+        a = archfs.open_archive(path, preload=when)
+        assert [a.read(n) for n in names] == [(tree / n).read_bytes() for n in names]
+        time.sleep(1.0)
+        assert resident(path) < size // 2, when
+    # "auto" once 128 files have been read; "always" (and True) at once.
+    evict()
+    a = archfs.open_archive(path, preload="auto")
+    for _ in range(5):
+        a.read_many(names)
+    assert settled(True), "auto: the archive was not preloaded after 150 reads"
+    for when in ("always", True):
+        evict()
+        a = archfs.open_archive(path, preload=when)
+        assert settled(True), f"{when}: the archive was not preloaded"
+        assert pickle.loads(pickle.dumps(a))._args == a._args
+    with pytest.raises(ValueError, match="preload 'often'"):
+        archfs.open_archive(path, preload="often")
 
 
 # fsspec
