@@ -1,7 +1,8 @@
 """`scripts/bench --inproc`: the in-process reader (issue 32) beside the mount and the plain
 directory, side by side in one run.
 
-    sudo scripts/wheel && sudo scripts/bench --inproc          # 10,000 and 1,281,167 files
+    sudo scripts/wheel && sudo scripts/bench --inproc          # 10,000 and 1,281,167 files,
+                                                              # and 10,000 of 110 KiB
     sudo scripts/bench --inproc --inproc-files 10000 --runs 1
 
 The trees are --scale's (ImageNet's shape, 1-400 byte files: what is measured is the
