@@ -128,6 +128,20 @@ pub fn open_many(
     cache: &CacheConfig,
     options: &OpenOptions,
 ) -> Result<Arc<dyn Archive>> {
+    let opened = open_all(paths, cache, options);
+    // Once, when all are open: building a tar's index frees millions of small allocations
+    // (a name each; 95 against 56 MB resident at 1.28 M entries), and opening a union's
+    // members side by side leaves each thread's arena with the holes of its buffers. Once
+    // a member, it took 0.4 of the 1.35 s a first mount of 1,000 `.tar.zst` shards took.
+    crate::memory::give_back();
+    opened
+}
+
+fn open_all(
+    paths: &[std::path::PathBuf],
+    cache: &CacheConfig,
+    options: &OpenOptions,
+) -> Result<Arc<dyn Archive>> {
     let mut files = Vec::new();
     for p in paths {
         if let Some(objects) = crate::source::list_prefix(p, &options.remote) {

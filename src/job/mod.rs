@@ -477,7 +477,6 @@ fn open_and_mount(
     let archive =
         crate::open::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());
-    crate::memory::give_back();
     // `always` decides what fits (and warns) before the mount goes live, while the
     // terminal still shows warnings.
     // A compressed archive is decoded ahead as well: in memory when it fits, or with

@@ -590,10 +590,7 @@ pub fn open(
     if let Err(e) = saved {
         tracing::warn!("cannot save the index to {}: {e}", path.display());
     }
-    // The build freed millions of small allocations (a name each) that glibc keeps for
-    // reuse; the server would carry them for the whole job (95 against 56 MB resident at
-    // 1.28 M entries).
-    crate::memory::give_back();
+    // The memory the build freed is given back once all archives are open (open_many).
     Ok(Arc::new(archive))
 }
 
