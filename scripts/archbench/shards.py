@@ -279,7 +279,10 @@ def build_bigdir(d, seed, files, jpg):
              jpg) for i in range(0, files, PIECE)]
     parts = []
     with open(os.path.join(d, "files.tsv"), "w") as mf:
-        for job, (end, members) in zip(jobs, in_processes(write_part, jobs, ordered=True)):
+        # Consumed whole: a generator left suspended inside its pool (zip stops at the
+        # end of `jobs`) is closed later, and the pool's teardown from there hung.
+        written = list(in_processes(write_part, jobs, ordered=True))
+        for job, (end, members) in zip(jobs, written):
             parts.append((job[0], end))
             mf.writelines(f"{p}\t{s}\n" for p, s in members)
     ti = tarfile.TarInfo(BIGDIR)
