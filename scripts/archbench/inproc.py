@@ -6,9 +6,9 @@ directory, side by side in one run.
     sudo scripts/bench --inproc --inproc-files 10000 --runs 1
 
 The trees are --scale's (ImageNet's shape, 1-400 byte files: what is measured is the
-per-file cost) and one of 10,000 files of 1 B-220 KiB (ImageNet's mean size), as a tar, a SquashFS image (tar2sqfs, zstd) and the plain directory on the
-same disk. The wheel from scripts/wheel is installed into the bench venv, whose Python runs
-the in-process helpers.
+per-file cost) and one of 10,000 files of 1 B-220 KiB (ImageNet's mean size), as a tar, a
+SquashFS image (tar2sqfs, zstd) and the plain directory on the same disk. The wheel from
+scripts/wheel is installed into the bench venv, whose Python runs the in-process helpers.
 
 Workloads, each on a fresh mount (or a fresh process) with the page cache dropped (cold)
 and again (warm):
@@ -158,8 +158,8 @@ class Bench(Scale):
 def report(b, args):
     lines = ["# archfs in-process reader, mount and plain directory", "",
              f"`scripts/bench {' '.join(args.argv)}`; {args.runs} run(s), medians. Trees of "
-             "1-400 byte files (--scale's shape) unless said; cold = page cache dropped, fresh mount or "
-             "process. In process: `archfs.open_archive` in each reader process (its open "
+             "1-400 byte files (--scale's shape) unless said; cold = page cache dropped, fresh "
+             "mount or process. In process: `archfs.open_archive` in each reader process (its open "
              "counted in the epoch), `archfs.torch.ImageFolder` for the index.", ""]
     for section, tools in b.res.items():
         metrics = sorted({m for t in tools.values() for m in t}, key=order_key)
