@@ -637,6 +637,19 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
         python_tar(&unique.join(format!("u-{s:04}.tar")), &members);
     }
     let m = Mount::new(&unique, &dir.join("u"), &[]);
+    // `find` stats a large directory's entries in inode order: that order must be the
+    // listing's, or it outruns the listing ahead and each stat is a LOOKUP.
+    let files: Vec<u64> = std::fs::read_dir(&m.path)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| std::os::unix::fs::DirEntryExt::ino(&e))
+        .collect();
+    assert_eq!(files.len(), 8 * 20);
+    assert!(
+        files.windows(2).all(|w| w[0] < w[1]),
+        "inode numbers follow the listing: {files:?}"
+    );
     let mut names: Vec<_> = std::fs::read_dir(&m.path)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())

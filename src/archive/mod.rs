@@ -134,6 +134,9 @@ pub trait Archive: Send + Sync {
     /// Extended attributes as full names (`user.x`) and values.
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
     fn stats(&self) -> Stats;
+    /// One past the largest inode number this archive hands out: a union numbers its
+    /// members' inodes one after another from it.
+    fn ino_end(&self) -> u64;
     /// The byte ranges of the archive files that serving reads touches, metadata first.
     fn extents(&self) -> Vec<Extent>;
     /// `--preload` of a compressed archive: decode all of it in the background into a

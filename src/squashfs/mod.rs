@@ -231,6 +231,16 @@ impl Archive for SquashFs {
         }
     }
 
+    /// An inode is its reference plus 2: a metadata block's start in the inode table above
+    /// 16 bits of offset into it.
+    fn ino_end(&self) -> u64 {
+        let table = self.sb.dir_table.saturating_sub(self.sb.inode_table);
+        table
+            .saturating_add(1)
+            .saturating_mul(1 << 16)
+            .saturating_add(2)
+    }
+
     /// Tables follow the data in every image mksquashfs writes: the inode table starts
     /// where data and fragment blocks end.
     fn extents(&self) -> Vec<Extent> {

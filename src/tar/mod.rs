@@ -435,6 +435,11 @@ impl Archive for TarArchive {
         }
     }
 
+    /// Node `id` is inode `id + 1`.
+    fn ino_end(&self) -> u64 {
+        self.index.node_count() as u64 + 1
+    }
+
     /// The index is in memory, so every byte of the archive is data.
     fn extents(&self) -> Vec<Extent> {
         let source = self.body.source();
