@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -33,10 +33,18 @@ impl Listing {
     }
 }
 
+/// An open directory, its listing read at the first READDIR.
+#[derive(Clone)]
+struct Opened {
+    ino: u64,
+    entries: Arc<OnceLock<Arc<Vec<DirEntry>>>>,
+    by_lister: bool,
+}
+
 pub struct Vfs {
     archive: Arc<dyn Archive>,
-    /// Listings of open directories: readdir resumes by index, never by re-scanning.
-    dirs: Mutex<HashMap<u64, Listing>>,
+    /// Open directories: readdir resumes by index, never by re-scanning.
+    dirs: Mutex<HashMap<u64, Opened>>,
     next_handle: AtomicU64,
     /// `--preload=auto`, told of every read.
     preload: Option<Arc<Trigger>>,
@@ -73,8 +81,49 @@ impl Vfs {
         self.archive.read(ino, offset, size)
     }
 
-    /// Reads the listing once, with `.` and `..` first, and returns a handle to it.
+    /// A handle to `ino`'s listing, read at the first READDIR: the kernel keeps listings
+    /// (FOPEN_CACHE_DIR) and sends OPENDIR and RELEASEDIR alone for one it has, so a
+    /// second walk of 1,000 directories merged from 100 shards each read every one of
+    /// them again for nothing (0.35 s against one tar's 0.30 s).
     pub fn opendir(&self, ino: u64, by_lister: bool) -> Result<u64> {
+        if let (true, Some(p)) = (by_lister, &self.push) {
+            p.lister_listing(true);
+        }
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.dirs.lock().insert(
+            fh,
+            Opened {
+                ino,
+                entries: Arc::new(OnceLock::new()),
+                by_lister,
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Open directory `fh`'s listing, read now if this is its first READDIR. The kernel
+    /// sends one READDIR at a time for an open directory.
+    pub fn listing(&self, fh: u64) -> Result<Listing> {
+        let o = self
+            .dirs
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| Error::corrupt(format!("unknown directory handle {fh}")))?;
+        let entries = match o.entries.get() {
+            Some(e) => e.clone(),
+            None => {
+                let e = Arc::new(self.read_listing(o.ino)?);
+                o.entries.get_or_init(|| e).clone()
+            }
+        };
+        Ok(Listing {
+            entries,
+            by_lister: o.by_lister,
+        })
+    }
+
+    fn read_listing(&self, ino: u64) -> Result<Vec<DirEntry>> {
         let entries = self.archive.read_dir(ino)?;
         let mut listing = Vec::with_capacity(entries.len() + 2);
         for name in [&b"."[..], b".."] {
@@ -85,18 +134,7 @@ impl Vfs {
             });
         }
         listing.extend(entries);
-        if let (true, Some(p)) = (by_lister, &self.push) {
-            p.lister_listing(true);
-        }
-        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(
-            fh,
-            Listing {
-                entries: Arc::new(listing),
-                by_lister,
-            },
-        );
-        Ok(fh)
+        Ok(listing)
     }
 
     /// `dir` was listed with its entries' attributes, so the kernel holds their inodes.
@@ -106,18 +144,10 @@ impl Vfs {
         }
     }
 
-    pub fn listing(&self, fh: u64) -> Result<Listing> {
-        self.dirs
-            .lock()
-            .get(&fh)
-            .cloned()
-            .ok_or_else(|| Error::corrupt(format!("unknown directory handle {fh}")))
-    }
-
     pub fn releasedir(&self, fh: u64) {
         let gone = self.dirs.lock().remove(&fh);
         if let (
-            Some(Listing {
+            Some(Opened {
                 by_lister: true, ..
             }),
             Some(p),
