@@ -1,7 +1,7 @@
 //! Several archives shown as one tree: directories merge, and for any other name the
 //! archive given last wins, as if they were extracted one after another.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, OnceLock};
 
@@ -82,10 +82,8 @@ impl Names {
 }
 
 fn name_hash(name: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0).hash_one(name)
 }
 
 #[derive(Default)]

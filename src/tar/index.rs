@@ -216,6 +216,12 @@ impl Index {
             + self.segments.len() * std::mem::size_of::<Segment>()
     }
 
+    /// Node `id`'s kind alone: a listing needs no more, and unpacking every field reads
+    /// five columns an entry.
+    pub fn kind(&self, id: u32) -> u8 {
+        self.metas[self.meta.get(id as usize) as usize].kind
+    }
+
     /// Node `id` (below [`Index::node_count`]) with every field unpacked.
     pub fn node(&self, id: u32) -> Node {
         let i = id as usize;

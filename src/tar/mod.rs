@@ -370,7 +370,7 @@ impl Archive for TarArchive {
                 let child = self.index.child(i);
                 DirEntry {
                     ino: u64::from(child) + 1,
-                    kind: kind_of(self.index.node(child).kind),
+                    kind: kind_of(self.index.kind(child)),
                     name: self.index.name(i).into(),
                 }
             })
