@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::error::{Error, Result};
 

@@ -26,6 +26,7 @@ pub mod job;
 pub mod memory;
 pub mod open;
 pub mod per_process;
+pub mod sync;
 pub mod progress;
 pub mod source;
 pub mod squashfs;

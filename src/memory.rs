@@ -20,9 +20,9 @@ pub fn page_size() -> usize {
 /// opens them, each time ~15 files of /proc and /sys.
 pub fn available() -> Option<u64> {
     use std::time::{Duration, Instant};
-    type Last = parking_lot::Mutex<Option<(Instant, Option<u64>)>>;
+    type Last = crate::sync::Mutex<Option<(Instant, Option<u64>)>>;
     static LAST: crate::per_process::PerProcess<Last> = crate::per_process::PerProcess::new();
-    let mut last = LAST.get(|| parking_lot::Mutex::new(None)).lock();
+    let mut last = LAST.get(|| crate::sync::Mutex::new(None)).lock();
     if let Some((at, free)) = *last {
         if at.elapsed() < Duration::from_millis(100) {
             return free;

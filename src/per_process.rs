@@ -87,15 +87,15 @@ mod tests {
 
     #[test]
     fn a_forked_child_makes_its_own_and_the_parent_keeps_its() {
-        static V: PerProcess<parking_lot::Mutex<u32>> = PerProcess::new();
-        let (first, made) = V.get_or_make(|| parking_lot::Mutex::new(7));
+        static V: PerProcess<crate::sync::Mutex<u32>> = PerProcess::new();
+        let (first, made) = V.get_or_make(|| crate::sync::Mutex::new(7));
         assert!(made);
         *first.lock() = 8;
         let held = first.lock(); // held across the fork, as a parent thread might
                                  // SAFETY: the child only touches atomics, a new mutex and then _exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            let (v, made) = V.get_or_make(|| parking_lot::Mutex::new(7));
+            let (v, made) = V.get_or_make(|| crate::sync::Mutex::new(7));
             let ok = made && *v.lock() == 7;
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
@@ -107,7 +107,7 @@ mod tests {
             0,
             "the child got the parent's value"
         );
-        let (again, made) = V.get_or_make(|| parking_lot::Mutex::new(7));
+        let (again, made) = V.get_or_make(|| crate::sync::Mutex::new(7));
         assert!(!made);
         assert_eq!(*again.lock(), 8);
     }

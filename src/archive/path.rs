@@ -222,7 +222,7 @@ fn has_suffix(name: &[u8], suffixes: &[String]) -> bool {
 /// tar index, ~0.4 µs). The archive is read-only: what a path names never changes.
 #[derive(Default)]
 pub struct Dirs {
-    map: parking_lot::RwLock<std::collections::HashMap<Box<[u8]>, Attr>>,
+    map: crate::sync::RwLock<std::collections::HashMap<Box<[u8]>, Attr>>,
 }
 
 /// Directories remembered before the map starts over.

@@ -5,7 +5,7 @@ use foldhash::{HashMap, HashMapExt};
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use super::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
 use crate::error::{Error, Result};

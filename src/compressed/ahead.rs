@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::{Decoder, Point};
 use crate::error::{Error, Result};
@@ -247,7 +247,7 @@ impl Shared {
         };
         let mut st = self.state.lock();
         while !st.stop && st.head != seq && st.buffered + len > self.budget {
-            self.moved.wait(&mut st);
+            st = self.moved.wait(st);
         }
         if st.stop {
             return false;
@@ -283,7 +283,7 @@ impl Decoder for Ahead {
                     self.ended = true;
                     return Ok(done);
                 }
-                self.shared.moved.wait(&mut st);
+                st = self.shared.moved.wait(st);
             };
             match chunk {
                 Chunk::Data(d) => {
@@ -329,7 +329,7 @@ impl Decoder for Ahead {
             if st.exhausted {
                 return None;
             }
-            self.shared.moved.wait(&mut st);
+            st = self.shared.moved.wait(st);
         };
         Some((
             Point {

@@ -22,7 +22,7 @@ mod zstd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::archive::Data;
 use crate::cache::BlockCache;

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::{fill, Codec, Decoder, Points, BLOCK};
 use crate::error::{Error, Result};
@@ -339,7 +339,7 @@ impl Stage {
                 let _jobs = c.jobs.lock();
                 c.queued.notify_all();
             }
-            self.moved.wait(&mut p);
+            p = self.moved.wait(p);
         }
         drop(p);
         self.file()?
@@ -425,7 +425,7 @@ fn copy_jobs() {
                 match pick(&jobs) {
                     Some(i) if jobs[i].whole.is_some() => break jobs.remove(i).expect("queued"),
                     Some(i) => break jobs[i].clone(),
-                    None => copies().queued.wait(&mut jobs),
+                    None => jobs = copies().queued.wait(jobs),
                 }
             }
         };

@@ -18,7 +18,7 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr,
     Request,
 };
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::archive::{Attr, Kind};
 use crate::error::Error;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::archive::{Archive, Data, DirEntry, Kind};
 use crate::error::{Error, Result};

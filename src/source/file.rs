@@ -164,9 +164,9 @@ pub fn will_need(file: &File, at: u64, len: u64, piece: u64) {
 /// as the preload reads them.
 pub fn advice_piece(file: &File) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    type Known = parking_lot::Mutex<Vec<(u64, Option<u64>)>>;
+    type Known = crate::sync::Mutex<Vec<(u64, Option<u64>)>>;
     static KNOWN: crate::per_process::PerProcess<Known> = crate::per_process::PerProcess::new();
-    let known = KNOWN.get(|| parking_lot::Mutex::new(Vec::new()));
+    let known = KNOWN.get(|| crate::sync::Mutex::new(Vec::new()));
     let dev = file.metadata().ok()?.dev();
     if let Some(&(_, piece)) = known.lock().iter().find(|(d, _)| *d == dev) {
         return piece;

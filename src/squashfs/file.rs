@@ -5,7 +5,7 @@
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::inode::{Body, NO_FRAGMENT};
 use super::table::Fragment;

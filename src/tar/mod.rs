@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use index::{kind_of, Index, Node, SPARSE};
 
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use crate::archive::names::NameIndex;
 use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};

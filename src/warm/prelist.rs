@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 /// Kernel memory an entry costs once listed: a fuse inode and a dentry (measured: slab
 /// grew by 1.50 GB for 1.28 M entries, 1.17 KB each).
@@ -226,7 +226,7 @@ impl Work {
                         self.more.notify_all();
                         return;
                     }
-                    self.more.wait(&mut stack);
+                    stack = self.more.wait(stack);
                 }
             };
             let subdirs = self.list(&dir);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use crate::archive::{Archive, Kind, ROOT_INO};
 use crate::warm::preload;
@@ -416,7 +416,7 @@ mod tests {
     }
 
     /// Keeps what is pushed; bytes that lie on disk are read, as a store without splice.
-    struct Kept(Arc<parking_lot::Mutex<Vec<Pushed>>>);
+    struct Kept(Arc<crate::sync::Mutex<Vec<Pushed>>>);
 
     /// Inode, offset, bytes.
     type Pushed = (u64, u64, Vec<u8>);
@@ -449,7 +449,7 @@ mod tests {
             &Default::default(),
         )
         .unwrap();
-        let stored = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let stored = Arc::new(crate::sync::Mutex::new(Vec::new()));
         let p = Arc::new(Pusher::new(archive.clone()));
         p.set_store(Box::new(Kept(stored.clone())));
         p.note_listed(ROOT_INO);
@@ -503,7 +503,7 @@ mod tests {
             v.sort();
             v
         };
-        let stored = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let stored = Arc::new(crate::sync::Mutex::new(Vec::new()));
         let p = Arc::new(Pusher::new(archive.clone()));
         p.set_store(Box::new(Kept(stored.clone())));
         p.expect_whole_tree();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use ureq::tls::{RootCerts, TlsConfig};
 
 use super::config::Credentials;
@@ -424,7 +424,7 @@ impl Client {
     fn slot(&self) -> Slot<'_> {
         let mut free = self.slots.lock();
         while *free == 0 {
-            self.freed.wait(&mut free);
+            free = self.freed.wait(free);
         }
         *free -= 1;
         Slot(self)

@@ -20,7 +20,7 @@ use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::Storage;
 use crate::cache::BlockCache;
@@ -364,7 +364,7 @@ impl Inner {
     fn wait_pending(&self, at: u64, to: u64) {
         let mut pending = self.pending.lock();
         while pending.iter().any(|&(f, t)| f <= at && to <= t) {
-            self.landed.wait(&mut pending);
+            pending = self.landed.wait(pending);
         }
     }
 
@@ -400,7 +400,7 @@ impl Inner {
                 // A GET that landed between the two looks.
                 return spans().lock().copy(self.id, pos, buf);
             }
-            self.landed.wait(&mut pending);
+            pending = self.landed.wait(pending);
         }
     }
 
@@ -704,7 +704,7 @@ fn ahead() -> &'static Ahead {
                             if let Some(job) = q.pop_front() {
                                 break job;
                             }
-                            a.ready.wait(&mut q);
+                            q = a.ready.wait(q);
                         }
                     };
                     inner.fetch_ahead(at, len);

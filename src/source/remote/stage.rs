@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::http::{Client, Target};
 use crate::per_process::PerProcess;
@@ -266,7 +266,7 @@ impl Stage {
                 if self.failed.load(Ordering::Relaxed) {
                     return Ok(Found::Fetch);
                 }
-                self.arrived.wait(&mut g);
+                g = self.arrived.wait(g);
             }
         }
         self.file.read_exact_at(buf, pos)?;
@@ -325,7 +325,7 @@ impl Pool {
                 let mut jobs = self.jobs.lock();
                 loop {
                     let Some(st) = jobs.front().cloned() else {
-                        self.queued.wait(&mut jobs);
+                        jobs = self.queued.wait(jobs);
                         continue;
                     };
                     match st.claim() {
