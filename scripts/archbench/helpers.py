@@ -3,8 +3,10 @@ walk, the torch server, the JPEG generator and ImageFolder's index (--scale)."""
 
 import json
 import math
+import multiprocessing
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -14,6 +16,27 @@ from . import MIB
 # ---------------------------------------------------------------------------------------------
 # Helper modes: run as separate processes (`bench _read ...`), before any argument parsing.
 # ---------------------------------------------------------------------------------------------
+
+
+def default_signals():
+    """In a pool's worker: signals as by default. The bench's handler (SystemExit), copied
+    by the fork, made a worker that Pool.terminate signalled clean up, and one hung there
+    on a lock its sibling had died holding (the bench waited for it 7 minutes)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def in_processes(fn, jobs, ordered=False, chunk=1):
+    """fn over jobs in a process a core; results in order when asked. The workers are let
+    finish (close, join), not terminated, once every result is in."""
+    pool = multiprocessing.get_context("fork").Pool(os.cpu_count(), default_signals)
+    try:
+        it = pool.imap(fn, jobs, 4) if ordered else pool.imap_unordered(fn, jobs, chunk)
+        yield from it
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
 
 
 def helper_read(argv):
@@ -150,7 +173,6 @@ def _gen_jpeg_one(job):
 def helper_genjpeg(argv):
     """_genjpeg JOBSFILE: write noise JPEGs (half-resolution noise, upscaled, quality 85)."""
     import io
-    import multiprocessing
     from PIL import Image
     with open(argv[0]) as f:
         jobs = json.load(f)
@@ -165,9 +187,8 @@ def helper_genjpeg(argv):
         sizes.append(len(b.getvalue()) / (w * h))
     bpp = statistics.mean(sizes)
     work = [(p, s, bpp, seed) for p, s, seed in jobs]
-    with multiprocessing.Pool(os.cpu_count()) as pool:
-        for _ in pool.imap_unordered(_gen_jpeg_one, work, chunksize=64):
-            pass
+    for _ in in_processes(_gen_jpeg_one, work, chunk=64):
+        pass
 
 
 def helper_imagefolder(argv):

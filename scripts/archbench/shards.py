@@ -65,6 +65,7 @@ import time
 
 from . import SCRIPT
 from .corpus import COMPRESSED_TARS, read_manifest, write_list
+from .helpers import in_processes
 from .report import med, save, table
 from .scale import vm_rss_mib
 from .system import MEMORY_NOTE, REG, Failed, Timeout, drop_caches, log, sh, sh_out
@@ -175,13 +176,6 @@ def pzstd_batch(files):
     r = sh(PZSTD[:1] + ["-q", "-3", "-p", "1", "-f", "--rm", "--"] + files)
     if r.returncode != 0:
         raise SystemExit(f"pzstd: {r.stderr.strip()[-300:]}")
-
-
-def in_processes(fn, jobs, ordered=False):
-    """fn over jobs in a process a core; results in order when asked."""
-    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        it = pool.imap(fn, jobs, 4) if ordered else pool.imap_unordered(fn, jobs, 1)
-        yield from it
 
 
 def shard_name(i, count, suffix):
