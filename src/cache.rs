@@ -10,8 +10,8 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use lru::LruCache;
 use crate::sync::Mutex;
+use lru::LruCache;
 
 use crate::error::{Error, Result};
 

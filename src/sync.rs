@@ -115,9 +115,7 @@ mod tests {
     }
 
     /// A thread that sleeps until the flag is set.
-    fn sleep_until_done(
-        asleep: &Arc<(Mutex<bool>, Condvar)>,
-    ) -> std::thread::JoinHandle<()> {
+    fn sleep_until_done(asleep: &Arc<(Mutex<bool>, Condvar)>) -> std::thread::JoinHandle<()> {
         let asleep = asleep.clone();
         std::thread::spawn(move || {
             let (done, cv) = &*asleep;
