@@ -4,7 +4,8 @@
 //! Layers, bottom up, each importing only those below it:
 //! - [`source`]: where the bytes come from (a local file today), positional reads;
 //! - [`cache`]: the shared block cache, bounded by bytes; [`memory`]: what the job may fill;
-//!   [`per_process`]: process-wide values a forked child makes anew;
+//!   [`per_process`]: process-wide values a forked child makes anew; [`sync`]: locks a
+//!   forked child can use;
 //! - the formats: [`squashfs`], [`tar`] and [`compressed`] (random access into gzip,
 //!   zstd, xz and bzip2 streams, for the tar above them);
 //! - [`archive`]: the interface the formats implement, unions, the full check walk;

@@ -247,7 +247,7 @@ fn open_side_by_side(
 ) -> Result<Vec<Arc<dyn Archive>>> {
     const AT_ONCE: usize = 16;
     let next = std::sync::atomic::AtomicUsize::new(0);
-    type Slot = std::sync::Mutex<Option<Result<Arc<dyn Archive>>>>;
+    type Slot = crate::sync::Mutex<Option<Result<Arc<dyn Archive>>>>;
     let slots: Vec<Slot> = files.iter().map(|_| Slot::new(None)).collect();
     std::thread::scope(|scope| {
         for _ in 0..AT_ONCE.min(files.len()) {
@@ -256,7 +256,7 @@ fn open_side_by_side(
                 let Some(f) = files.get(i) else { break };
                 let opened = open_with(f, cache, options);
                 let failed = opened.is_err();
-                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(opened);
+                *slots[i].lock() = Some(opened);
                 if failed {
                     // The rest need not be opened; later ones still finish what they hold.
                     next.store(files.len(), std::sync::atomic::Ordering::Relaxed);
@@ -266,7 +266,7 @@ fn open_side_by_side(
     });
     let mut members = Vec::with_capacity(files.len());
     for slot in slots {
-        match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match slot.into_inner() {
             Some(opened) => members.push(opened?),
             // Left after an error, which comes first in name order.
             None => {

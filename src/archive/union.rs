@@ -56,12 +56,12 @@ impl Names {
     }
 
     fn word(name: &[u8], part: usize) -> u64 {
-        (name_hash(name) << PART_BITS) | part as u64
+        (hash_of(name) << PART_BITS) | part as u64
     }
 
     /// The parts that may hold `name`, as indexes into `parts`, in order.
     fn parts(&self, name: &[u8]) -> Vec<usize> {
-        let key = name_hash(name) << PART_BITS;
+        let key = hash_of(name) << PART_BITS;
         let from = self.sorted.partition_point(|&w| w < key);
         self.sorted[from..]
             .iter()
@@ -76,9 +76,11 @@ impl Names {
     }
 }
 
-fn name_hash(name: &[u8]) -> u64 {
+/// The union's one hash, of a name or of a directory's parts: fixed, so a process's
+/// maps are the same from run to run.
+fn hash_of<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
     use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(0).hash_one(name)
+    foldhash::fast::FixedState::with_seed(0).hash_one(value)
 }
 
 /// Merged directories by number (from 1), and found by their parts: by a hash of them,
@@ -100,11 +102,6 @@ impl Dirs {
             .or_else(|| self.collided.iter().find(|id| same(id)))
             .copied()
     }
-}
-
-fn parts_hash(parts: &[(u16, u64)]) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(0).hash_one(parts)
 }
 
 pub struct Union {
@@ -146,7 +143,7 @@ impl Union {
     }
 
     fn dir_id(&self, parts: Parts) -> u64 {
-        let hash = parts_hash(&parts);
+        let hash = hash_of(&parts);
         if let Some(id) = self.dirs.read().find(hash, &parts) {
             return id;
         }
