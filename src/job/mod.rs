@@ -188,6 +188,7 @@ pub fn mount_in_background() -> Result<PathBuf, String> {
 /// unmount from outside, then cleans up.
 pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
     let (log, ready_fd) = (server.log.as_deref(), server.ready_fd);
+    crate::memory::bound_free_heap();
     let handled: Vec<i32> = ENDING.iter().chain(&IGNORED).copied().collect();
     block_signals(&handled);
     init_logging(s.debug, log.is_some());
