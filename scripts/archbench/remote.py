@@ -36,7 +36,10 @@ Compared, per link setting and archive (data.tar, the zstd SquashFS image):
 - `ratarmount`: ratarmount on the s3:// URL through fsspec/s3fs (tar only);
 - `rclone+archfs`: `rclone mount --vfs-cache-mode full` of the bucket, archfs on the
   object inside it;
-- the streaming limit: curl GETs of the whole object, one stream, and N ranged streams.
+- the streaming limit: curl GETs of the whole object, one stream, and N ranged streams;
+- the link's floor for a first batch: curl fetching the batch's files one after another,
+  one ranged GET each on one warm connection, the link idle (no tool beats it: a reader
+  asks for one file at a time).
 
 Each tool, from nothing on the node (no copy, no saved index, fresh cache directories):
 pass 1 mounts and one reader reads the first 32 files of a shuffled order (the first
@@ -720,9 +723,10 @@ def make_tools(args, names, fmt, key, url, d, archfs_bin, extra):
 class RemoteBench:
     """Runs every tool through its passes at every link setting; results in self.res."""
 
-    def __init__(self, args, net, server, manifest, tmp):
+    def __init__(self, args, net, server, manifest, tmp, spans):
         self.args, self.net, self.server = args, net, server
         self.manifest = manifest
+        self.spans = spans  # file -> (offset, size) of its data in data.tar
         self.tmp = tmp
         self.res = {}     # link -> archive -> tool -> metric -> [values]
         self.notes = []
@@ -769,6 +773,26 @@ class RemoteBench:
             self.rec(link, fmt, "stream", label, secs)
             seen = delta(a, self.net.counters.snap())
             self.rec(link, fmt, "stream", label + " gets", seen["gets"])
+
+    def batch_floor(self, link, fmt, url, size, run):
+        """What the link allows a first batch: the batch's files fetched by curl one after
+        another (as one reader reads them), each one ranged GET of its span in data.tar
+        (the same sizes in the image), on one kept-alive connection warmed by one GET
+        first, as archfs's reads ride on the connection its mount used. The mount's own
+        round trips come on top."""
+        order = self.orders(run)["batch"][1]
+        each = ["-sS", "-f", "-o", "/dev/null", "-w", "%{time_total}\n"]
+        cmd = ["curl", *each, "-r", "0-8191", url]
+        for rel, _ in order:
+            at, n = self.spans[rel]
+            at = max(0, min(at, size - n))
+            cmd += ["--next", *each, "-r", f"{at}-{at + n - 1}", url]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        times = [float(x) for x in r.stdout.split()]
+        if r.returncode or len(times) != len(order) + 1:
+            self.note(f"{link} {fmt}: curl batch floor failed: {r.stderr.strip()[:200]}")
+            return
+        self.rec(link, fmt, "stream", "batch floor", sum(times[1:]))
 
     def measure(self, link, fmt, tool, run):
         lists = self.orders(run)
@@ -860,6 +884,7 @@ class RemoteBench:
                 for fmt, (key, size) in keys.items():
                     url = f"{self.server.endpoint}/{BUCKET}/{key}"
                     self.stream(label, fmt, url, size)
+                    self.batch_floor(label, fmt, url, size, run)
                     for tool in tools_for[fmt]:
                         t0 = time.time()
                         self.guarded(label, fmt, tool, run)
@@ -962,6 +987,18 @@ def ratios(res, n, size, cap):
             if tool != "stream" and isinstance(v, (int, float)):
                 out.append(f"- {tool}: end of first epoch / streaming once (the faster): "
                            f"**{v / best:.2f}×** ({v:.2f} vs {best:.2f} s)")
+    floor = val("stream", "batch floor")
+    if isinstance(floor, float):
+        out.append(f"- the link's floor for a first batch (curl: the batch's {BATCH} files one "
+                   f"after another, one ranged GET each, one warm connection, idle link; "
+                   f"no mount): {floor:.2f} s")
+        for tool in res:
+            saved = val(tool, "batch_idx_s")
+            v = val(tool, "batch_s") if saved is None else saved
+            if tool not in ("stream", "copy first") and isinstance(v, (int, float)):
+                what = "first batch" + ("" if saved is None else " from a saved index")
+                out.append(f"- {tool}: {what} / the link's floor: **{v / floor:.2f}×** "
+                           f"({v:.2f} vs {floor:.2f} s)")
     return out
 
 
@@ -1058,6 +1095,13 @@ def argparse_copy(args, **kw):
     return ns
 
 
+def tar_spans(tar):
+    """file -> (offset, size) of its data in the tar."""
+    import tarfile
+    with tarfile.open(tar) as t:
+        return {m.name: (m.offset_data, m.size) for m in t if m.isfile()}
+
+
 def set_env(endpoint):
     """Every tool this run starts reads these: the AWS_* of aws_env (the machine's own are
     removed: a CA bundle makes rclone's S3 client fail on plain http) and rclone's remote."""
@@ -1118,7 +1162,7 @@ def main(args):
         tools_for[fmt] = make_tools(args, names, fmt, keys[fmt][0], url, d, archfs_bin, extra)
         for t in tools_for[fmt]:
             REG.targets.insert(0, t.target)
-    b = RemoteBench(args, net, server, manifest, tmp)
+    b = RemoteBench(args, net, server, manifest, tmp, tar_spans(paths["tar"]))
     b.run(links, keys, tools_for)
     unavailable += net.notes()
     save(args.out, report(b, args, links, keys, header(args, archfs_bin, manifest, keys,

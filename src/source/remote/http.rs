@@ -329,19 +329,22 @@ impl Client {
         loop {
             attempt += 1;
             let left = t.budget.saturating_sub(start.elapsed());
+            let mut answered = Duration::ZERO;
             let result = {
                 let _slot = self.slot();
                 self.once(t, call, left.max(Duration::from_secs(1)))
                     .map_err(transport)
                     .and_then(|mut resp| {
+                        answered = start.elapsed();
                         classify(t, call, &mut resp).and_then(|()| done(&mut resp))
                     })
             };
             REQUESTS.fetch_add(1, Ordering::Relaxed);
             tracing::trace!(
-                "{what}: {} in {:.1} ms",
+                "{what}: {} in {:.1} ms (answered in {:.1} ms)",
                 if result.is_ok() { "done" } else { "failed" },
-                start.elapsed().as_secs_f64() * 1e3
+                start.elapsed().as_secs_f64() * 1e3,
+                answered.as_secs_f64() * 1e3
             );
             match result {
                 Ok(v) => return Ok(v),
