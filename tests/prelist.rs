@@ -38,14 +38,15 @@ fn log_of(log: &Path) -> String {
 
 /// Mounts `archive`, waits for the listing ahead unless `--prelist=never`, stats every
 /// path of `expected` by its name (no listing first, as a dataset indexed by a file list
-/// does), compares the trees, unmounts; returns the LOOKUP requests the server served.
+/// does), compares the trees (listing every directory), unmounts; returns the LOOKUP
+/// requests the server served and the READDIR requests of the job's listings.
 fn lookups(
     archive: &Path,
     expected: &Path,
     dir: &TempDir,
     prelist: &str,
     opts: &CompareOpts,
-) -> u64 {
+) -> (u64, u64) {
     let (dirs, entries, paths) = count(expected);
     let mnt = dir.join(format!("mnt-{prelist}"));
     let log = dir.join(format!("server-{prelist}.log"));
@@ -86,7 +87,7 @@ fn lookups(
         "{archive:?} with --prelist={prelist}: {diffs:#?}"
     );
     run_ok(archfs().arg("unmount").arg(&mnt));
-    served_lookups(&log)
+    (served_lookups(&log), served_job_listings(&log))
 }
 
 /// Children of `parent` that have ended and not been reaped.
@@ -126,18 +127,44 @@ fn served_lookups(log: &Path) -> u64 {
         .unwrap_or_else(|| panic!("no LOOKUP count in the log: {log}"))
 }
 
+/// The server's count of READDIR(PLUS) requests of the job's listings, logged at unmount.
+fn served_job_listings(log: &Path) -> u64 {
+    let log = log_of(log);
+    log.lines()
+        .find_map(|l| {
+            l.split("the job's listings sent ")
+                .nth(1)?
+                .strip_suffix(" READDIR requests")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no READDIR count in the log: {log}"))
+}
+
 fn check(archive: &Path, expected: &Path, dir: &TempDir, opts: &CompareOpts) {
-    let (_, entries, _) = count(expected);
+    let (dirs, entries, _) = count(expected);
+    let with = lookups(archive, expected, dir, "auto", opts);
     assert_eq!(
-        lookups(archive, expected, dir, "auto", opts),
-        0,
+        with.0, 0,
         "{archive:?}: names looked up after the listing ahead"
     );
-    // Without it, every name is a LOOKUP: what the assertion above would see.
+    // The comparison's listings came from the kernel, which kept the lister's.
+    assert_eq!(
+        with.1, 0,
+        "{archive:?}: the job's listings reached the server after the listing ahead"
+    );
+    // Without it, every name is a LOOKUP and every listing a request: what the
+    // assertions above would see.
     let without = lookups(archive, expected, dir, "never", opts);
     assert!(
-        without >= entries,
-        "{archive:?}: {without} LOOKUPs for {entries} entries without the listing ahead"
+        without.0 >= entries,
+        "{archive:?}: {} LOOKUPs for {entries} entries without the listing ahead",
+        without.0
+    );
+    assert!(
+        without.1 >= dirs,
+        "{archive:?}: {} READDIRs for {dirs} directories without the listing ahead",
+        without.1
     );
 }
 

@@ -52,6 +52,9 @@ pub struct ArchFs {
     /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
     /// attributes (or the listing ahead, src/warm/prelist.rs) would have saved.
     lookups: AtomicU64,
+    /// READDIR(PLUS) requests of the job's listings, logged at unmount: none for a
+    /// directory the listing ahead has listed, which the kernel keeps (FOPEN_CACHE_DIR).
+    job_listings: AtomicU64,
 }
 
 impl ArchFs {
@@ -64,6 +67,7 @@ impl ArchFs {
             ahead,
             logged: Mutex::new(HashSet::new()),
             lookups: AtomicU64::new(0),
+            job_listings: AtomicU64::new(0),
         }
     }
 
@@ -164,6 +168,10 @@ impl Filesystem for ArchFs {
             "served {} LOOKUP requests",
             self.lookups.load(Ordering::Relaxed)
         );
+        tracing::info!(
+            "the job's listings sent {} READDIR requests",
+            self.job_listings.load(Ordering::Relaxed)
+        );
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -252,8 +260,9 @@ impl Filesystem for ArchFs {
         let lister = self.ahead.as_ref().is_some_and(|a| a.is_lister(req.pid()));
         match self.vfs.opendir(ino.0, lister) {
             // The lister's listings go to the server even when the kernel has the
-            // directory cached from a listing of the job's, which made no inodes.
-            Ok(fh) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            // directory cached from a listing of the job's, which made no inodes (no
+            // KEEP_CACHE: the open drops it), and are kept for the job's (CACHE_DIR).
+            Ok(fh) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
             Ok(fh) => reply.opened(
                 FileHandle(fh),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -280,6 +289,7 @@ impl Filesystem for ArchFs {
             self.lister_at(ino, offset, listing.entries.len());
             1
         } else {
+            self.job_listings.fetch_add(1, Ordering::Relaxed);
             usize::MAX
         };
         for (next, e) in listing.part(offset, most) {
@@ -306,6 +316,9 @@ impl Filesystem for ArchFs {
         // With the kernel's adaptive mode, later parts of the listing may come as plain
         // READDIR, whose entries the kernel makes no inode for.
         let mut most = usize::MAX;
+        if !listing.by_lister {
+            self.job_listings.fetch_add(1, Ordering::Relaxed);
+        }
         if listing.by_lister {
             self.lister_at(ino, offset, listing.entries.len());
         } else if offset == 0 {

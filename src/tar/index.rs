@@ -264,13 +264,15 @@ impl Index {
         self.child.get(i) as u32
     }
 
-    /// The entries of directory `dir`, sorted by name.
+    /// The entries of directory `dir`, sorted by name: from three columns, not every
+    /// field (a union lists the same directory in each of thousands of members).
     pub fn children(&self, dir: u32) -> Range<usize> {
-        let n = self.node(dir);
-        if kind_of(n.kind) != Kind::Dir {
+        if kind_of(self.kind(dir)) != Kind::Dir {
             return 0..0;
         }
-        n.data as usize..n.data as usize + n.aux as usize
+        let i = dir as usize;
+        let first = self.data.get(i) as usize;
+        first..first + self.size.get(i) as u32 as usize
     }
 
     /// Binary search of a directory's `entries` ([`Index::children`]): they are sorted

@@ -216,11 +216,16 @@ impl TarArchive {
     }
 
     fn node(&self, ino: u64) -> Result<(u32, Node)> {
-        let id = ino
+        let id = self.id(ino)?;
+        Ok((id, self.index.node(id)))
+    }
+
+    /// The index's node of inode `ino`.
+    fn id(&self, ino: u64) -> Result<u32> {
+        Ok(ino
             .checked_sub(1)
             .filter(|&i| i < self.index.node_count() as u64)
-            .ok_or(Error::NotFound)? as u32;
-        Ok((id, self.index.node(id)))
+            .ok_or(Error::NotFound)? as u32)
     }
 
     fn make_attr(&self, id: u32, n: &Node) -> Attr {
@@ -359,8 +364,8 @@ impl Archive for TarArchive {
     }
 
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
-        let (id, n) = self.node(dir)?;
-        if kind_of(n.kind) != Kind::Dir {
+        let id = self.id(dir)?;
+        if kind_of(self.index.kind(id)) != Kind::Dir {
             return Err(Error::NotDir);
         }
         Ok(self
