@@ -115,30 +115,20 @@ fn zombie_children(parent: i32) -> Vec<i32> {
 
 /// The server's count of LOOKUP requests, logged at unmount.
 fn served_lookups(log: &Path) -> u64 {
+    logged_count(log, "served ", " LOOKUP requests")
+}
+
+/// The count in the server's line `BEFORE<count>AFTER`.
+fn logged_count(log: &Path, before: &str, after: &str) -> u64 {
     let log = log_of(log);
     log.lines()
-        .find_map(|l| {
-            l.split("served ")
-                .nth(1)?
-                .strip_suffix(" LOOKUP requests")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no LOOKUP count in the log: {log}"))
+        .find_map(|l| l.split(before).nth(1)?.strip_suffix(after)?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{before}N{after}` in the log: {log}"))
 }
 
 /// The server's count of READDIR(PLUS) requests of the job's listings, logged at unmount.
 fn served_job_listings(log: &Path) -> u64 {
-    let log = log_of(log);
-    log.lines()
-        .find_map(|l| {
-            l.split("the job's listings sent ")
-                .nth(1)?
-                .strip_suffix(" READDIR requests")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no READDIR count in the log: {log}"))
+    logged_count(log, "the job's listings sent ", " READDIR requests")
 }
 
 fn check(archive: &Path, expected: &Path, dir: &TempDir, opts: &CompareOpts) {
