@@ -124,6 +124,8 @@ impl Lister {
                     let _ = c.lock().try_wait();
                     // Its pid may be anyone's now.
                     a.pid.store(0, Ordering::Relaxed);
+                    // Merging a union's directories for it left holes in the heap.
+                    crate::memory::give_back();
                 }
             });
         if let Err(e) = reaper {
