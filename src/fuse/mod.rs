@@ -316,13 +316,12 @@ impl Filesystem for ArchFs {
         // With the kernel's adaptive mode, later parts of the listing may come as plain
         // READDIR, whose entries the kernel makes no inode for.
         let mut most = usize::MAX;
-        if !listing.by_lister {
-            self.job_listings.fetch_add(1, Ordering::Relaxed);
-        }
         if listing.by_lister {
             self.lister_at(ino, offset, listing.entries.len());
-        } else if offset == 0 {
+        } else {
+            self.job_listings.fetch_add(1, Ordering::Relaxed);
             match &self.ahead {
+                _ if offset > 0 => {}
                 None if self.readdirplus == Readdirplus::Always => {
                     self.vfs.listed_with_attrs(ino.0)
                 }
