@@ -201,12 +201,22 @@ impl SquashFs {
         })
     }
 
-    /// Where the fragment holding the file's tail is stored.
+    /// Where the fragment holding the file's tail is stored, checked to lie in the image.
     fn tail(&self, layout: &Layout) -> Result<Fragment> {
         if let Some(f) = layout.tail.get() {
             return Ok(*f);
         }
         let f = self.fragment(layout.fragment)?;
+        let len = f.size & SIZE_MASK;
+        if len > self.sb.block_size {
+            return Err(Error::corrupt("fragment larger than a block"));
+        }
+        if f.start.saturating_add(u64::from(len)) > self.sb.bytes_used {
+            return Err(Error::corrupt(format!(
+                "fragment {} at {} runs past the end of the image",
+                layout.fragment, f.start
+            )));
+        }
         Ok(*layout.tail.get_or_init(|| f))
     }
 
@@ -235,9 +245,6 @@ impl SquashFs {
             return Err(Error::corrupt("file tail has no fragment"));
         }
         let frag = self.tail(layout)?;
-        if frag.size & SIZE_MASK > self.sb.block_size {
-            return Err(Error::corrupt("fragment larger than a block"));
-        }
         let block = self.frag_cache.get_or_load(frag.start, || {
             self.load_block(
                 frag.start,
