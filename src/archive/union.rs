@@ -2,6 +2,7 @@
 //! archive given last wins, as if they were extracted one after another.
 
 use foldhash::{HashMap, HashMapExt};
+use std::collections::hash_map::Entry;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, OnceLock};
 
@@ -19,7 +20,10 @@ use crate::error::{Error, Result};
 /// the low bits it went across every shard for each file number, ahead of the listing
 /// ahead: 2,500-4,400 LOOKUP round trips in a walk of 200,000 files, none for one tar).
 const MEMBER_BIT: u64 = 1 << 63;
-type Parts = Vec<(u16, u64)>;
+/// A merged directory's parts: the same directory in each member that has it, as the
+/// union's number of its inode there, so a part is 8 bytes (a member and an inode were
+/// 16 with padding: 1.5 MB for 1,000 class directories in 95 of 1,000 shards each).
+type Parts = Vec<u64>;
 
 struct MergedDir {
     /// The same directory in each member that has it, in command-line order.
@@ -31,48 +35,79 @@ struct MergedDir {
 }
 
 /// Where in a merged directory's `parts` each name is: one word per name and part
-/// holding it, the name's hash in the high 48 bits and the part in the low 16, sorted, so
-/// a lookup is a binary search and the map copies no name (a collision only adds a probe:
-/// the member's own lookup decides). 8 bytes a name and part: a hash map of name to part
-/// took ~35 a name (its table at its load factor), 7 MB for the root of 1,000 flat shards
-/// of 200 names, more than half one tar's whole index of the same files.
+/// holding it, the top bits of the name's hash above the part's index, sorted, so a
+/// lookup is a binary search and the map copies no name (a collision only adds a probe:
+/// the member's own lookup decides). 4 bytes a name and part where the hash bits left
+/// beside the part keep collisions under one in 16 lookups (95 shards of a class
+/// directory; the 1,000 class names of 1,000 shards), else 8 (48 bits of hash: a root of
+/// 10,000 flat shards, 2 M names). A hash map of name to part took ~35 bytes a name (its
+/// table at its load factor), 7 MB for the root of 1,000 flat shards of 200 names, more
+/// than half one tar's whole index of the same files.
 struct Names {
-    sorted: Vec<u64>,
-    distinct: usize,
+    narrow: Vec<u32>,
+    wide: Vec<u64>,
+    /// The bits of a narrow word that hold the part.
+    part_bits: u32,
 }
 
+/// The bits of a wide word that hold the part (a union has at most 65,535 members).
 const PART_BITS: u32 = 16;
 
 impl Names {
-    /// From the [`word`](Self::word) of each name in each part.
-    fn new(words: Vec<u64>) -> Names {
-        let mut sorted = words;
-        sorted.sort_unstable();
-        sorted.shrink_to_fit();
-        let distinct = sorted
-            .chunk_by(|a, b| a >> PART_BITS == b >> PART_BITS)
-            .count();
-        Names { sorted, distinct }
+    /// From the [`word`](Self::word) of each name in each of `parts` parts.
+    fn new(mut words: Vec<u64>, parts: usize) -> Names {
+        let part_bits = (usize::BITS - parts.saturating_sub(1).leading_zeros()).max(1);
+        if part_bits <= PART_BITS && words.len() << 4 <= 1 << (32 - part_bits) {
+            let mut narrow: Vec<u32> = words.iter().map(|&w| Self::narrow(w, part_bits)).collect();
+            narrow.sort_unstable();
+            return Names {
+                narrow,
+                wide: Vec::new(),
+                part_bits,
+            };
+        }
+        words.sort_unstable();
+        words.shrink_to_fit();
+        Names {
+            narrow: Vec::new(),
+            wide: words,
+            part_bits,
+        }
     }
 
-    fn word(name: &[u8], part: usize) -> u64 {
-        (hash_of(name) << PART_BITS) | part as u64
+    /// A name's wide word: the low 48 bits of its hash above the part.
+    fn word(hash: u64, part: usize) -> u64 {
+        (hash << PART_BITS) | part as u64
+    }
+
+    /// A wide word's narrow one: the top bits of its hash above the part.
+    fn narrow(wide: u64, part_bits: u32) -> u32 {
+        let hash = (wide >> (32 + part_bits)) as u32;
+        (hash << part_bits) | (wide & ((1 << PART_BITS) - 1)) as u32
     }
 
     /// The parts that may hold `name`, as indexes into `parts`, in order.
     fn parts(&self, name: &[u8]) -> Vec<usize> {
-        let key = hash_of(name) << PART_BITS;
-        let from = self.sorted.partition_point(|&w| w < key);
-        self.sorted[from..]
-            .iter()
-            .take_while(|&&w| w >> PART_BITS == key >> PART_BITS)
-            .map(|&w| (w & ((1 << PART_BITS) - 1)) as usize)
-            .collect()
+        let key = Self::word(hash_of(name), 0);
+        if !self.wide.is_empty() {
+            return Self::matching(&self.wide, key, PART_BITS);
+        }
+        Self::matching(
+            &self.narrow,
+            Self::narrow(key, self.part_bits),
+            self.part_bits,
+        )
     }
 
-    /// Distinct name hashes.
-    fn len(&self) -> usize {
-        self.distinct
+    /// The parts of the words in `sorted` whose hash bits are `key`'s.
+    fn matching<W: Copy + Ord + Into<u64>>(sorted: &[W], key: W, part_bits: u32) -> Vec<usize> {
+        let hash = key.into() >> part_bits;
+        let from = sorted.partition_point(|&w| w < key);
+        sorted[from..]
+            .iter()
+            .take_while(|&&w| w.into() >> part_bits == hash)
+            .map(|&w| (w.into() & ((1 << part_bits) - 1)) as usize)
+            .collect()
     }
 }
 
@@ -94,7 +129,7 @@ struct Dirs {
 }
 
 impl Dirs {
-    fn find(&self, hash: u64, parts: &[(u16, u64)]) -> Option<u64> {
+    fn find(&self, hash: u64, parts: &[u64]) -> Option<u64> {
         let same = |id: &u64| self.list[(*id - 1) as usize].parts == parts;
         self.ids
             .get(&hash)
@@ -136,13 +171,15 @@ impl Union {
             first,
             dirs: RwLock::new(Dirs::default()),
         };
-        let root: Parts = (0..u.members.len() as u16).map(|m| (m, ROOT_INO)).collect();
+        let root = (0..u.members.len() as u16)
+            .map(|m| u.tag(m, ROOT_INO))
+            .collect::<Result<Parts>>()?;
         let id = u.dir_id(root);
         debug_assert_eq!(id, ROOT_INO);
         Ok(u)
     }
 
-    fn dir_id(&self, parts: Parts) -> u64 {
+    fn dir_id(&self, mut parts: Parts) -> u64 {
         let hash = hash_of(&parts);
         if let Some(id) = self.dirs.read().find(hash, &parts) {
             return id;
@@ -153,15 +190,16 @@ impl Union {
             return id;
         }
         let id = d.list.len() as u64 + 1;
+        parts.shrink_to_fit();
         d.list.push(Arc::new(MergedDir {
             parts,
             names: OnceLock::new(),
         }));
         match d.ids.entry(hash) {
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Vacant(v) => {
                 v.insert(id);
             }
-            std::collections::hash_map::Entry::Occupied(_) => d.collided.push(id),
+            Entry::Occupied(_) => d.collided.push(id),
         }
         id
     }
@@ -188,6 +226,13 @@ impl Union {
         Ok(MEMBER_BIT | (self.first[m] + ino))
     }
 
+    /// The member and its inode of a merged directory's part.
+    fn part_of(&self, part: u64) -> (u16, u64) {
+        let n = part & !MEMBER_BIT;
+        let m = self.first.partition_point(|&f| f <= n) - 1;
+        (m as u16, n - self.first[m])
+    }
+
     /// The member holding the union's inode `ino`, its number and its inode there.
     fn untag(&self, ino: u64) -> Result<(&dyn Archive, usize, u64)> {
         if ino & MEMBER_BIT == 0 {
@@ -202,22 +247,23 @@ impl Union {
     /// Members of `dir` that may hold `name`.
     fn candidates(&self, dir: &MergedDir, name: &[u8]) -> Result<Vec<(u16, u64)>> {
         if dir.parts.len() <= PROBE_LIMIT {
-            return Ok(dir.parts.clone());
+            return Ok(dir.parts.iter().map(|&p| self.part_of(p)).collect());
         }
         if dir.names.get().is_none() {
             let mut words = Vec::new();
-            for (i, &(m, ino)) in dir.parts.iter().enumerate() {
+            for (i, &p) in dir.parts.iter().enumerate() {
+                let (m, ino) = self.part_of(p);
                 for e in self.members[usize::from(m)].read_dir(ino)? {
-                    words.push(Names::word(&e.name, i));
+                    words.push(Names::word(hash_of(&e.name[..]), i));
                 }
             }
-            let _ = dir.names.set(Names::new(words));
+            let _ = dir.names.set(Names::new(words, dir.parts.len()));
         }
         let names = dir.names.get().expect("set above");
         Ok(names
             .parts(name)
             .into_iter()
-            .map(|i| dir.parts[i])
+            .map(|i| self.part_of(dir.parts[i]))
             .collect())
     }
 
@@ -229,11 +275,11 @@ impl Union {
             a.ino = self.tag(m, a.ino)?;
             return Ok(a);
         }
-        let parts: Parts = found
+        let parts = found
             .iter()
             .filter(|(_, a)| a.kind == Kind::Dir)
-            .map(|(m, a)| (*m, a.ino))
-            .collect();
+            .map(|(m, a)| self.tag(*m, a.ino))
+            .collect::<Result<Parts>>()?;
         let mut a = last;
         a.ino = self.dir_id(parts);
         Ok(a)
@@ -247,7 +293,7 @@ impl Archive for Union {
 
     fn attr(&self, ino: u64) -> Result<Attr> {
         if let Some(d) = self.merged(ino) {
-            let &(m, mino) = d.parts.last().ok_or(Error::NotFound)?;
+            let (m, mino) = self.part_of(*d.parts.last().ok_or(Error::NotFound)?);
             let mut a = self.members[usize::from(m)].attr(mino)?;
             a.ino = ino;
             return Ok(a);
@@ -271,90 +317,81 @@ impl Archive for Union {
         self.resolve(found)
     }
 
-    /// Every member's listing, merged: a name's first appearance places it, its last
-    /// decides what it is. Built with one map lookup per entry and no copy of any name
-    /// (1,000 shards of 200 entries: was 0.68 s of allocation, hashing and copying).
+    /// Every member's listing, merged as it is read: a name's first appearance places
+    /// it, its last decides what it is. A name seen again is found by its hash (no copy
+    /// of any name: 1,000 shards of 200 entries were 0.68 s of allocation, hashing and
+    /// copying) and dropped at once, so a root merged from 1,000 per-class shards holds
+    /// its 1,000 names, not the 95,000 appearances (10 MB at the peak of its listing).
+    /// The listing's readers look names up next (the kernel's adaptive READDIRPLUS gives
+    /// attributes with the first batch of a directory only), so the lookups' map is made
+    /// here from the same listings.
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let d = self.merged(dir).ok_or(Error::NotDir)?;
-        let mut all: Vec<(u16, DirEntry)> = Vec::new();
+        let mut out: Vec<(u16, DirEntry)> = Vec::new();
+        // Where each name hash was first placed; names whose hash another took.
+        let mut placed: HashMap<u64, usize> = HashMap::new();
+        let mut collided: Vec<usize> = Vec::new();
+        // For names seen in several members: the directories among their appearances.
+        let mut merged: HashMap<usize, Parts> = HashMap::new();
         // The lookups' map, from the same listings, while they are at hand.
         let mut words = (d.parts.len() > PROBE_LIMIT && d.names.get().is_none()).then(Vec::new);
-        for (i, &(m, ino)) in d.parts.iter().enumerate() {
-            let listed = self.members[usize::from(m)].read_dir(ino)?;
-            if let Some(words) = &mut words {
-                words.extend(listed.iter().map(|e| Names::word(&e.name, i)));
+        for (i, &p) in d.parts.iter().enumerate() {
+            let (m, ino) = self.part_of(p);
+            for e in self.members[usize::from(m)].read_dir(ino)? {
+                let hash = hash_of(&e.name[..]);
+                if let Some(words) = &mut words {
+                    words.push(Names::word(hash, i));
+                }
+                let same = |&k: &usize| out[k].1.name == e.name;
+                let slot = match placed.get(&hash) {
+                    None => None,
+                    Some(k) if same(k) => Some(*k),
+                    Some(_) => collided.iter().copied().find(same).or_else(|| {
+                        collided.push(out.len());
+                        None
+                    }),
+                };
+                let Some(k) = slot else {
+                    placed.entry(hash).or_insert(out.len());
+                    out.push((m, e));
+                    continue;
+                };
+                let parts = match merged.entry(k) {
+                    Entry::Occupied(o) => o.into_mut(),
+                    Entry::Vacant(v) => {
+                        let (pm, pe) = &out[k];
+                        v.insert(match pe.kind {
+                            Kind::Dir => vec![self.tag(*pm, pe.ino)?],
+                            _ => Parts::new(),
+                        })
+                    }
+                };
+                if e.kind == Kind::Dir {
+                    parts.push(self.tag(m, e.ino)?);
+                }
+                out[k] = (
+                    m,
+                    DirEntry {
+                        name: std::mem::take(&mut out[k].1.name),
+                        ..e
+                    },
+                );
             }
-            all.extend(listed.into_iter().map(|e| (m, e)));
         }
         if let Some(words) = words {
-            let _ = d.names.set(Names::new(words));
+            let _ = d.names.set(Names::new(words, d.parts.len()));
         }
-        // As many distinct name hashes as entries: no name is in two members (shards of
-        // a dataset), so nothing is merged.
-        if d.names.get().is_some_and(|n| n.len() == all.len()) {
-            return all
-                .into_iter()
-                .map(|(m, mut e)| {
-                    e.ino = match e.kind {
-                        Kind::Dir => self.dir_id(vec![(m, e.ino)]),
-                        _ => self.tag(m, e.ino)?,
-                    };
-                    Ok(e)
-                })
-                .collect();
-        }
-        // Where each name first appears; the later appearances of names in several
-        // members (directories, or a file that a later member replaces).
-        let mut first_of = Vec::with_capacity(all.len());
-        let mut again: Vec<(usize, usize)> = Vec::new();
-        {
-            let mut first: HashMap<&[u8], usize> = HashMap::with_capacity(all.len());
-            for (i, (_, e)) in all.iter().enumerate() {
-                let f = *first.entry(&e.name).or_insert(i);
-                first_of.push(f);
-                if f != i {
-                    again.push((f, i));
-                }
-            }
-        }
-        again.sort_unstable();
-        let mut out = Vec::with_capacity(all.len() - again.len());
-        let mut later = again.iter().peekable();
-        for i in 0..all.len() {
-            if first_of[i] != i {
-                continue;
-            }
-            // Most names are in one member only: no group to gather.
-            let mut group = Vec::new();
-            while let Some(&&(_, j)) = later.peek().filter(|(f, _)| *f == i) {
-                if group.is_empty() {
-                    group.push(i);
-                }
-                group.push(j);
-                later.next();
-            }
-            let last = group.last().copied().unwrap_or(i);
-            let (m, kind, ino) = (all[last].0, all[last].1.kind, all[last].1.ino);
-            let ino = if kind == Kind::Dir {
-                if group.is_empty() {
-                    group.push(i);
-                }
-                let parts = group
-                    .iter()
-                    .filter(|&&g| all[g].1.kind == Kind::Dir)
-                    .map(|&g| (all[g].0, all[g].1.ino))
-                    .collect();
-                self.dir_id(parts)
-            } else {
-                self.tag(m, ino)?
-            };
-            out.push(DirEntry {
-                ino,
-                kind,
-                name: std::mem::take(&mut all[i].1.name),
-            });
-        }
-        Ok(out)
+        out.into_iter()
+            .enumerate()
+            .map(|(k, (m, mut e))| {
+                e.ino = match (e.kind, merged.remove(&k)) {
+                    (Kind::Dir, Some(parts)) => self.dir_id(parts),
+                    (Kind::Dir, None) => self.dir_id(vec![self.tag(m, e.ino)?]),
+                    _ => self.tag(m, e.ino)?,
+                };
+                Ok(e)
+            })
+            .collect()
     }
 
     fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Data> {
@@ -400,7 +437,7 @@ impl Archive for Union {
 
     fn xattrs(&self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         if let Some(d) = self.merged(ino) {
-            let &(m, mino) = d.parts.last().ok_or(Error::NotFound)?;
+            let (m, mino) = self.part_of(*d.parts.last().ok_or(Error::NotFound)?);
             return self.members[usize::from(m)].xattrs(mino);
         }
         let (a, _, i) = self.untag(ino)?;
@@ -448,17 +485,18 @@ mod tests {
 
     #[test]
     fn names_give_every_part_holding_a_name_in_order() {
-        let words = vec![
-            Names::word(b"a", 5),
-            Names::word(b"b", 3),
-            Names::word(b"a", 0),
-            Names::word(b"a", 9),
-        ];
-        let names = Names::new(words);
-        assert_eq!(names.parts(b"a"), [0, 5, 9]);
-        assert_eq!(names.parts(b"b"), [3]);
-        assert!(names.parts(b"c").is_empty());
-        assert_eq!(names.len(), 2);
+        let word = |name: &[u8], part| Names::word(hash_of(name), part);
+        let words = vec![word(b"a", 5), word(b"b", 3), word(b"a", 0), word(b"a", 9)];
+        // 4-byte words, then 8-byte ones for more names than 4-byte hashes tell apart.
+        for (parts, narrow) in [(10, true), (1 << 15, false)] {
+            let mut words = words.clone();
+            words.resize(words.len() + parts * 2, word(b"many", 1));
+            let names = Names::new(words, parts);
+            assert_eq!(names.wide.is_empty(), narrow);
+            assert_eq!(names.parts(b"a"), [0, 5, 9]);
+            assert_eq!(names.parts(b"b"), [3]);
+            assert!(names.parts(b"c").is_empty());
+        }
     }
 
     #[test]
@@ -469,7 +507,7 @@ mod tests {
                 names: OnceLock::new(),
             })
         };
-        let (one, two) = (vec![(0, 1)], vec![(1, 1)]);
+        let (one, two) = (vec![MEMBER_BIT | 1], vec![MEMBER_BIT | 2]);
         let mut d = Dirs::default();
         d.list.push(dir(one.clone()));
         d.list.push(dir(two.clone()));
@@ -478,6 +516,6 @@ mod tests {
         d.collided.push(2);
         assert_eq!(d.find(7, &one), Some(1));
         assert_eq!(d.find(7, &two), Some(2));
-        assert_eq!(d.find(7, &[(2, 1)]), None);
+        assert_eq!(d.find(7, &[MEMBER_BIT | 3]), None);
     }
 }
