@@ -550,6 +550,7 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
             ("only_a.txt", Some("a")),
             ("dir/sub/a1", Some("a1")),
             ("clash", None),
+            ("turned", Some("a file in a")),
         ],
     );
     let bsrc = dir.join("bsrc");
@@ -559,6 +560,12 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     std::fs::write(bsrc.join("only_b.txt"), "b").unwrap();
     std::fs::write(bsrc.join("dir/sub/b1"), "b1").unwrap();
     std::fs::write(bsrc.join("clash"), "a file in b replaces a's directory").unwrap();
+    std::fs::create_dir_all(bsrc.join("turned")).unwrap();
+    std::fs::write(
+        bsrc.join("turned/inside"),
+        "b's directory replaces a's file",
+    )
+    .unwrap();
     let b = dir.join("b.sqfs");
     mksquashfs(&bsrc, &b, &[]);
     let mnt = dir.join("mnt");
@@ -575,6 +582,31 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     assert_eq!(read("dir/sub/a1"), "a1");
     assert_eq!(read("dir/sub/b1"), "b1");
     assert_eq!(read("clash"), "a file in b replaces a's directory");
+    assert_eq!(read("turned/inside"), "b's directory replaces a's file");
+    // The listing says what the last archive has under each name, once.
+    let mut kinds: Vec<(String, bool)> = std::fs::read_dir(&m.path)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let dir = e.file_type().unwrap().is_dir();
+            (e.file_name().into_string().unwrap(), dir)
+        })
+        .collect();
+    kinds.sort();
+    let want = [
+        ("clash", false),
+        ("common", true),
+        ("dir", true),
+        ("only_a.txt", false),
+        ("only_b.txt", false),
+        ("turned", true),
+    ];
+    assert_eq!(kinds, want.map(|(n, d)| (n.to_string(), d)));
+    let turned: Vec<_> = std::fs::read_dir(m.path.join("turned"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(turned, ["inside"]);
     let mut sub: Vec<_> = std::fs::read_dir(m.path.join("dir/sub"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
