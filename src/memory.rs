@@ -50,8 +50,8 @@ fn read_available() -> Option<u64> {
 /// a union's members side by side leaves each opening thread's malloc arena with those of
 /// its buffers (a union of 1,000 shards in per-class directories: 37 -> 31 MB of RSS
 /// after mount), and so does merging its directories for the listing ahead (24.3 ->
-/// 19.8 MB once listed), and the push's list of files once it has ended. It walks every arena: once after such work, not once a piece
-/// of it.
+/// 19.8 MB once listed), and the push's list of files once it has ended. It walks
+/// every arena: once after such work, not once a piece of it.
 pub fn give_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
