@@ -215,7 +215,9 @@ def main(args):
     b.run_inproc()
     md = report(b, args)
     print(md)
-    out = os.path.join(args.workdir, "inproc.md")
+    out = args.out if args.out != os.path.join(args.workdir, "result.md") else \
+        os.path.join(args.workdir, "inproc.md")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         f.write(md + "\n")
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
