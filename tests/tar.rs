@@ -568,52 +568,11 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     .unwrap();
     let b = dir.join("b.sqfs");
     mksquashfs(&bsrc, &b, &[]);
-    let mnt = dir.join("mnt");
-    run_ok(archfs().arg("mount").arg(&a).arg(&b).arg(&mnt));
-    let m = Mount { path: mnt.clone() };
-    let read = |p: &str| std::fs::read_to_string(m.path.join(p)).unwrap();
-    assert_eq!(
-        read("common/x.txt"),
-        "from b",
-        "the archive given last wins"
-    );
-    assert_eq!(read("only_a.txt"), "a");
-    assert_eq!(read("only_b.txt"), "b");
-    assert_eq!(read("dir/sub/a1"), "a1");
-    assert_eq!(read("dir/sub/b1"), "b1");
-    assert_eq!(read("clash"), "a file in b replaces a's directory");
-    assert_eq!(read("turned/inside"), "b's directory replaces a's file");
-    // The listing says what the last archive has under each name, once.
-    let mut kinds: Vec<(String, bool)> = std::fs::read_dir(&m.path)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let dir = e.file_type().unwrap().is_dir();
-            (e.file_name().into_string().unwrap(), dir)
-        })
-        .collect();
-    kinds.sort();
-    let want = [
-        ("clash", false),
-        ("common", true),
-        ("dir", true),
-        ("only_a.txt", false),
-        ("only_b.txt", false),
-        ("turned", true),
-    ];
-    assert_eq!(kinds, want.map(|(n, d)| (n.to_string(), d)));
-    let turned: Vec<_> = std::fs::read_dir(m.path.join("turned"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(turned, ["inside"]);
-    let mut sub: Vec<_> = std::fs::read_dir(m.path.join("dir/sub"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    sub.sort();
-    assert_eq!(sub, ["a1", "b1"], "directories merge");
-    drop(m);
+    // The same with two tars.
+    let b_tar = gnu_tar(&dir, &bsrc, "gnu", &[]);
+    for b in [b, b_tar] {
+        one_tree_of_two(&dir, &a, &b);
+    }
 
     // WebDataset: a directory of shards.
     let shards = dir.join("shards");
@@ -699,6 +658,153 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
         "deep in 5"
     );
     assert!(std::fs::metadata(m.path.join("only5")).unwrap().is_dir());
+}
+
+/// `a` and `b` mounted together: the archive given last wins, directories merge, and the
+/// listing says what the last archive has under each name, once.
+fn one_tree_of_two(dir: &TempDir, a: &Path, b: &Path) {
+    let mnt = dir.join("mnt");
+    run_ok(archfs().arg("mount").arg(a).arg(b).arg(&mnt));
+    let m = Mount { path: mnt.clone() };
+    let read = |p: &str| std::fs::read_to_string(m.path.join(p)).unwrap();
+    assert_eq!(
+        read("common/x.txt"),
+        "from b",
+        "the archive given last wins"
+    );
+    assert_eq!(read("only_a.txt"), "a");
+    assert_eq!(read("only_b.txt"), "b");
+    assert_eq!(read("dir/sub/a1"), "a1");
+    assert_eq!(read("dir/sub/b1"), "b1");
+    assert_eq!(read("clash"), "a file in b replaces a's directory");
+    assert_eq!(read("turned/inside"), "b's directory replaces a's file");
+    // The listing says what the last archive has under each name, once.
+    let mut kinds: Vec<(String, bool)> = std::fs::read_dir(&m.path)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let dir = e.file_type().unwrap().is_dir();
+            (e.file_name().into_string().unwrap(), dir)
+        })
+        .collect();
+    kinds.sort();
+    let want = [
+        ("clash", false),
+        ("common", true),
+        ("dir", true),
+        ("only_a.txt", false),
+        ("only_b.txt", false),
+        ("turned", true),
+    ];
+    assert_eq!(kinds, want.map(|(n, d)| (n.to_string(), d)));
+    let turned: Vec<_> = std::fs::read_dir(m.path.join("turned"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(turned, ["inside"]);
+    let mut sub: Vec<_> = std::fs::read_dir(m.path.join("dir/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    sub.sort();
+    assert_eq!(sub, ["a1", "b1"], "directories merge");
+}
+
+/// Shards of one tree, as WebDataset's writers deal a dataset out (every directory in
+/// each shard, the other entries spread among them), mount as `tar -x` of each, one
+/// after another, makes (sparse files, hard links, symlinks, devices, xattrs), and again
+/// from their saved indexes.
+#[test]
+fn shards_of_one_tree_mount_as_their_extraction_one_after_another() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = TempDir::new("tar-shards-of-a-tree");
+    let src = awkward(&dir, small());
+    // A sparse file small enough for this test: data, a hole, data.
+    std::fs::create_dir(src.join("sparse")).unwrap();
+    let holes = std::fs::File::create(src.join("sparse/holes")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&holes, b"start", 0).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&holes, &[7u8; 70_000], 3 << 20).unwrap();
+    drop(holes);
+    let (mut dirs, mut others) = (vec![b".".to_vec()], Vec::new());
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        let mut inside: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        inside.sort();
+        for p in inside {
+            let rel = [b"./", p.strip_prefix(&src).unwrap().as_os_str().as_bytes()].concat();
+            if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+                dirs.push(rel);
+                stack.push(p);
+            } else {
+                others.push(rel);
+            }
+        }
+    }
+    assert!(others.len() > 100, "the tree has {} files", others.len());
+    let shards = dir.join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    let ex = dir.join("extracted");
+    // Hard links in one shard (a shard's own links), the sparse file in the last (its
+    // data far from where the merged index's offsets start).
+    let shard_of = |i: usize, name: &[u8]| match name {
+        n if n.starts_with(b"./hardlinks/") => 1,
+        n if n.starts_with(b"./sparse/") => 2,
+        _ => i % 3,
+    };
+    for k in 0..3 {
+        let mut list = Vec::new();
+        let mine = others
+            .iter()
+            .enumerate()
+            .filter(|(i, n)| shard_of(*i, n) == k)
+            .map(|(_, n)| n);
+        for name in dirs.iter().chain(mine) {
+            list.extend_from_slice(name);
+            list.push(0);
+        }
+        let listed = dir.join(format!("list-{k}"));
+        std::fs::write(&listed, list).unwrap();
+        let tar = shards.join(format!("shard-{k}.tar"));
+        make_tar(
+            Command::new("tar")
+                .args([
+                    "--format=posix",
+                    "--xattrs",
+                    "--xattrs-include=user.*",
+                    "--sparse",
+                ])
+                .args(["--no-recursion", "--null", "-cf"])
+                .arg(&tar)
+                .arg("-C")
+                .arg(&src)
+                .arg("-T")
+                .arg(&listed),
+            &tar,
+        );
+        extract(&tar, &ex);
+    }
+    // GNU tar leaves a directory it extracts into with the time of that extraction; the
+    // union shows the last archive's entry (the source's), as for one tar holding it twice.
+    for d in &dirs {
+        let rel = std::ffi::OsStr::from_bytes(d);
+        run_ok(
+            Command::new("touch")
+                .arg("-r")
+                .arg(src.join(rel))
+                .arg(ex.join(rel)),
+        );
+    }
+    let opts = CompareOpts {
+        root_attrs: true,
+        ..CompareOpts::default()
+    };
+    for pass in ["indexed", "from saved indexes"] {
+        let m = Mount::new(&shards, &dir.join("mnt"), &[]);
+        assert_same(&ex, &m.path, &opts, pass);
+    }
 }
 
 /// A union of more shards than a cluster's usual soft limit on open files (1,024) mounts:
