@@ -514,6 +514,11 @@ fn open_and_mount(
         }
     };
     let mount = Mount::new(archive, s, trigger, push, events)?;
+    // fuser's handshake reads the kernel's INIT into a zeroed 16 MiB buffer and frees
+    // it; where an index was just built, the buffer lands in the holes the build left,
+    // and its pages stay resident (server RSS after the first mount of a 200,000-entry
+    // tar: 28 MB; 11.7 MB with this, as after a remount).
+    crate::memory::give_back();
     Ok((mount, plan))
 }
 
