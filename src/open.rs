@@ -12,6 +12,7 @@ use crate::cache::CacheConfig;
 use crate::compressed::Codec;
 use crate::error::{Error, Result};
 use crate::source::{RemoteOptions, Source};
+use crate::tar::TarArchive;
 
 /// Opens an archive, choosing the format by its content rather than its name.
 pub fn open(path: &Path, cache: &CacheConfig) -> Result<Arc<dyn Archive>> {
@@ -24,30 +25,40 @@ pub fn open_with(
     cache: &CacheConfig,
     options: &OpenOptions,
 ) -> Result<Arc<dyn Archive>> {
+    Ok(match open_format(path, cache, options)? {
+        Opened::Tar(t) => t,
+        Opened::Other(a) => a,
+    })
+}
+
+/// An archive as opened: tars as what they are, so that a union of them can merge
+/// their indexes.
+enum Opened {
+    Tar(Arc<TarArchive>),
+    Other(Arc<dyn Archive>),
+}
+
+fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Result<Opened> {
     let source = Source::open_with(path, &options.remote)?;
     let mut magic = [0u8; 4];
     if source.len() >= 4 {
         source.read_exact_at(0, &mut magic)?;
     }
     if &magic == b"hsqs" {
-        return Ok(Arc::new(crate::squashfs::SquashFs::open(source, cache)?));
+        let image = crate::squashfs::SquashFs::open(source, cache)?;
+        return Ok(Opened::Other(Arc::new(image)));
     }
-    let how = crate::tar::Decoding {
-        spacing: options.spacing.unwrap_or(crate::tar::DEFAULT_SPACING),
-        cache_bytes: cache.total_bytes,
-        stage_dir: options.stage_dir.clone(),
-        limit: u64::MAX,
-    };
+    let how = decoding(options, cache);
     if let Some(codec) = Codec::detect(&magic) {
         let source = Arc::new(source);
         let opts = tar_options(options, &source);
-        return Ok(crate::tar::open(
+        return Ok(Opened::Tar(crate::tar::open(
             source,
             opts,
             options.index.as_deref(),
             Some(codec),
             &how,
-        )?);
+        )?));
     }
     if magic == [0x04, 0x22, 0x4d, 0x18] {
         return Err(Error::Unsupported(format!(
@@ -56,15 +67,15 @@ pub fn open_with(
             path.display()
         )));
     }
-    if is_tar(&source) {
+    if crate::tar::is_tar_start(&source) {
         let opts = tar_options(options, &source);
-        return Ok(crate::tar::open(
+        return Ok(Opened::Tar(crate::tar::open(
             Arc::new(source),
             opts,
             options.index.as_deref(),
             None,
             &how,
-        )?);
+        )?));
     }
     Err(Error::Unsupported(format!(
         "{} is neither a SquashFS image nor a tar archive; create an image with \
@@ -72,6 +83,16 @@ pub fn open_with(
         path.display(),
         path.display()
     )))
+}
+
+/// How compressed tars are decoded.
+fn decoding(options: &OpenOptions, cache: &CacheConfig) -> crate::tar::Decoding {
+    crate::tar::Decoding {
+        spacing: options.spacing.unwrap_or(crate::tar::DEFAULT_SPACING),
+        cache_bytes: cache.total_bytes,
+        stage_dir: options.stage_dir.clone(),
+        limit: u64::MAX,
+    }
 }
 
 /// Options that apply to some formats only.
@@ -97,17 +118,6 @@ fn tar_options(options: &OpenOptions, source: &Source) -> crate::tar::BuildOptio
         implied_gid: unsafe_gid(),
         implied_mtime: source.mtime(),
     }
-}
-
-/// Whether the first 512 decoded bytes are a tar header.
-/// A tar archive starts with a header whose checksum holds (or is empty).
-fn is_tar(source: &Source) -> bool {
-    let mut raw = [0u8; 512];
-    if source.len() < 512 || source.read_exact_at(0, &mut raw).is_err() {
-        return false;
-    }
-    let h = crate::tar::header_ok(&raw);
-    h || (raw.iter().all(|&b| b == 0) && source.len() % 512 == 0)
 }
 
 fn unsafe_uid() -> u32 {
@@ -179,8 +189,50 @@ fn open_all(
         index: None,
         ..options.clone()
     };
+    // Local tars: their merged index, saved by an earlier mount.
+    let saved_at = (!files.iter().any(|f| crate::source::is_url(f)))
+        .then(|| crate::tar::union_index_path(&files));
+    if let Some(path) = &saved_at {
+        let how = decoding(&options, &per_member);
+        if let Some(one) = TarArchive::union_from_saved(&files, path, options.recursive, &how) {
+            return Ok(Arc::new(one));
+        }
+    }
     let members = open_side_by_side(&files, &per_member, &options)?;
-    Ok(Arc::new(Union::new(members)?))
+    union_of(members, options.recursive, saved_at.as_deref())
+}
+
+/// One tar of tars' merged indexes where every member is a tar (WebDataset), its index
+/// saved at `save`, else a [`Union`] over the members.
+fn union_of(
+    members: Vec<Opened>,
+    recursive: bool,
+    save: Option<&Path>,
+) -> Result<Arc<dyn Archive>> {
+    let mut tars = Vec::with_capacity(members.len());
+    let mut others: Vec<Arc<dyn Archive>> = Vec::new();
+    for m in members {
+        match m {
+            Opened::Tar(t) if others.is_empty() => match Arc::try_unwrap(t) {
+                Ok(t) => tars.push(t),
+                Err(t) => others.push(t),
+            },
+            Opened::Tar(t) => others.push(t),
+            Opened::Other(a) => others.push(a),
+        }
+    }
+    if others.is_empty() {
+        match TarArchive::union(tars, recursive, save)? {
+            Ok(one) => return Ok(Arc::new(one)),
+            Err(back) => tars = back,
+        }
+    }
+    let mut all: Vec<Arc<dyn Archive>> = tars
+        .into_iter()
+        .map(|t| Arc::new(t) as Arc<dyn Archive>)
+        .collect();
+    all.extend(others);
+    Ok(Arc::new(Union::new(all)?))
 }
 
 /// The soft limit on open files when the process started, when a union raised it.
@@ -244,17 +296,17 @@ fn open_side_by_side(
     files: &[PathBuf],
     cache: &CacheConfig,
     options: &OpenOptions,
-) -> Result<Vec<Arc<dyn Archive>>> {
+) -> Result<Vec<Opened>> {
     const AT_ONCE: usize = 16;
     let next = std::sync::atomic::AtomicUsize::new(0);
-    type Slot = crate::sync::Mutex<Option<Result<Arc<dyn Archive>>>>;
+    type Slot = crate::sync::Mutex<Option<Result<Opened>>>;
     let slots: Vec<Slot> = files.iter().map(|_| Slot::new(None)).collect();
     std::thread::scope(|scope| {
         for _ in 0..AT_ONCE.min(files.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(f) = files.get(i) else { break };
-                let opened = open_with(f, cache, options);
+                let opened = open_format(f, cache, options);
                 let failed = opened.is_err();
                 *slots[i].lock() = Some(opened);
                 if failed {

@@ -609,6 +609,66 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     );
     assert!(std::fs::metadata(m.path.join("nonexistent.jpg")).is_err());
     drop(m);
+    // The shards' merged index was saved beside them; a remount uses it, and a shard
+    // rewritten since, or the saved index damaged, has it built again.
+    let saved: Vec<_> = std::fs::read_dir(&shards)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains(".archfs-union-"))
+        .collect();
+    assert_eq!(
+        saved.len(),
+        1,
+        "the union's index beside the shards: {saved:?}"
+    );
+    let dup = |m: &Mount| std::fs::read_to_string(m.path.join("dup.txt")).unwrap();
+    let m = Mount::new(&shards, &dir.join("wds"), &[]);
+    assert_eq!(dup(&m), "shard 11");
+    drop(m);
+    // Written again with a longer name in one file: the same size, the same offsets.
+    let mut again: Vec<(&str, Option<&str>)> = expected[11 * 61..12 * 61 - 1]
+        .iter()
+        .map(|(n, c)| (n.as_str(), Some(c.as_str())))
+        .collect();
+    again.push(("dup.txt", Some("shard eleven")));
+    let before = std::fs::metadata(shards.join("shard-0011.tar"))
+        .unwrap()
+        .len();
+    python_tar(&shards.join("shard-0011.tar"), &again);
+    assert_eq!(
+        std::fs::metadata(shards.join("shard-0011.tar"))
+            .unwrap()
+            .len(),
+        before
+    );
+    let m = Mount::new(&shards, &dir.join("wds"), &[]);
+    assert_eq!(dup(&m), "shard eleven");
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("000359.jpg")).unwrap(),
+        expected[11 * 61 + 58].1
+    );
+    drop(m);
+    // Written again smaller.
+    python_tar(
+        &shards.join("shard-0011.tar"),
+        &[("dup.txt", Some("shard 11, written again"))],
+    );
+    let m = Mount::new(&shards, &dir.join("wds"), &[]);
+    assert_eq!(dup(&m), "shard 11, written again");
+    assert!(std::fs::metadata(m.path.join("000359.jpg")).is_err());
+    assert_eq!(
+        std::fs::read_to_string(m.path.join("000007.jpg")).unwrap(),
+        expected[14].1
+    );
+    drop(m);
+    let mut bytes = std::fs::read(&saved[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&saved[0], bytes).unwrap();
+    let m = Mount::new(&shards, &dir.join("wds"), &[]);
+    assert_eq!(dup(&m), "shard 11, written again");
+    assert_eq!(std::fs::read_dir(&m.path).unwrap().count(), 11 * 60 + 1);
+    drop(m);
 
     // No name in two shards (the listing is then the members' own, unmerged), one with
     // a directory of its own.

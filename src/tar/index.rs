@@ -123,7 +123,7 @@ pub fn kind_of(code: u8) -> Kind {
 
 impl Index {
     /// Packs the builder's nodes into the node columns.
-    fn pack_nodes(&mut self, nodes: &[Node]) {
+    pub(super) fn pack_nodes(&mut self, nodes: &[Node]) {
         let is_plain_file = |n: &Node| kind_of(n.kind) == Kind::File && n.flags & SPARSE == 0;
         // Tar puts every member's data on a 512-byte boundary, nested tars included, so
         // offsets in blocks take 9 bits less; a writer that did not is still served.
@@ -251,6 +251,13 @@ impl Index {
             _ => {}
         }
         n
+    }
+
+    /// Where node `id`'s data starts, if it is a file stored in one piece.
+    pub fn file_offset(&self, id: u32) -> Option<u64> {
+        let m = self.metas[self.meta.get(id as usize) as usize];
+        (kind_of(m.kind) == Kind::File && m.flags & SPARSE == 0)
+            .then(|| self.data.get(id as usize) << self.file_shift)
     }
 
     /// The name of directory entry `i`.
@@ -1150,11 +1157,7 @@ impl<'a> Builder<'a> {
         drop(kept);
         for n in &mut self.nodes {
             if kind_of(n.kind) == Kind::Dir {
-                n.data = 0;
-                n.aux = 0;
-                n.nlink = 2;
-            } else {
-                n.nlink = 0;
+                (n.data, n.aux) = (0, 0);
             }
         }
         for (parent, start, count) in starts {
@@ -1162,39 +1165,76 @@ impl<'a> Builder<'a> {
             p.data = start;
             p.aux = count;
         }
-        for &c in &child {
-            let n = &mut self.nodes[c as usize];
+        Index::assemble(
+            &mut self.nodes,
+            Entries {
+                names,
+                name_end,
+                child,
+            },
+            self.links,
+            self.segments,
+            self.xattrs,
+            self.skipped,
+        )
+    }
+}
+
+/// A tree's directory entries, unpacked: names end to end, where each ends, the node
+/// each names; each directory's a range of them (its node's `data` and `aux`).
+pub(super) struct Entries {
+    pub names: Vec<u8>,
+    pub name_end: Vec<u64>,
+    pub child: Vec<u64>,
+}
+
+impl Index {
+    /// The index of `nodes` and their `entries`, link counts set from the tree.
+    pub(super) fn assemble(
+        nodes: &mut [Node],
+        mut entries: Entries,
+        mut links: Vec<u8>,
+        mut segments: Vec<Segment>,
+        xattrs: Vec<XattrSet>,
+        skipped: Vec<String>,
+    ) -> Index {
+        let child = &entries.child;
+        for n in nodes.iter_mut() {
+            n.nlink = if kind_of(n.kind) == Kind::Dir { 2 } else { 0 };
+        }
+        for &c in child {
+            let n = &mut nodes[c as usize];
             // A directory's count is its own two plus one per subdirectory, below.
             if kind_of(n.kind) != Kind::Dir {
                 n.nlink += 1;
             }
         }
-        for i in 0..self.nodes.len() {
-            if kind_of(self.nodes[i].kind) != Kind::Dir {
+        for i in 0..nodes.len() {
+            if kind_of(nodes[i].kind) != Kind::Dir {
                 continue;
             }
-            let (s, c) = (self.nodes[i].data as usize, self.nodes[i].aux as usize);
+            let (s, c) = (nodes[i].data as usize, nodes[i].aux as usize);
             let subdirs = child[s..s + c]
                 .iter()
-                .filter(|&&d| kind_of(self.nodes[d as usize].kind) == Kind::Dir)
+                .filter(|&&d| kind_of(nodes[d as usize].kind) == Kind::Dir)
                 .count() as u32;
-            self.nodes[i].nlink = 2 + subdirs;
+            nodes[i].nlink = 2 + subdirs;
         }
-        names.shrink_to_fit();
-        self.links.shrink_to_fit();
-        self.segments.shrink_to_fit();
+        entries.names.shrink_to_fit();
+        links.shrink_to_fit();
+        segments.shrink_to_fit();
         let mut ix = Index {
             dirents: child.len(),
-            name_end: Column::new(&name_end),
-            child: Column::new(&child),
-            names,
-            links: self.links,
-            segments: self.segments,
-            xattrs: self.xattrs,
-            skipped: self.skipped,
+            name_end: Column::new(&entries.name_end),
+            child: Column::new(child),
+            names: entries.names,
+            links,
+            segments,
+            xattrs,
+            skipped,
             ..Index::default()
         };
-        ix.pack_nodes(&self.nodes);
+        ix.pack_nodes(nodes);
         ix
     }
 }

@@ -5,7 +5,11 @@
 mod column;
 mod header;
 pub mod index;
+mod merge;
 pub mod persist;
+mod union;
+
+pub use union::union_index_path;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -37,6 +41,16 @@ pub fn header_ok(raw: &[u8; 512]) -> bool {
     !h.is_zero() && h.checksum_ok()
 }
 
+/// Whether `source` starts with a tar header whose checksum holds (or with an empty
+/// tar's zeros).
+pub fn is_tar_start(source: &Source) -> bool {
+    let mut raw = [0u8; 512];
+    if source.len() < 512 || source.read_exact_at(0, &mut raw).is_err() {
+        return false;
+    }
+    header_ok(&raw) || (raw.iter().all(|&b| b == 0) && source.len() % 512 == 0)
+}
+
 /// What `st_blksize` and `statfs` report: stdio and Python size their buffers by it.
 const IO_SIZE: u32 = 128 << 10;
 
@@ -54,6 +68,10 @@ pub struct TarArchive {
     /// Hash indexes of large directories' names by directory, made on first lookup:
     /// ~12 bytes a name (16 MiB at 1.28 M files).
     hashed: RwLock<HashMap<u32, NameIndex>>,
+    /// A union of tars ([`TarArchive::union`]): where each member's stream starts in
+    /// the index's data offsets, `body` the first member's and `nested` the others'.
+    /// Empty for one archive.
+    starts: Vec<u64>,
 }
 
 /// Directories of more names than this are looked up by hash, the others by binary
@@ -204,11 +222,18 @@ impl TarArchive {
             nested,
             index,
             hashed: RwLock::default(),
+            starts: Vec::new(),
         })
     }
 
     pub fn body(&self) -> &Body {
         &self.body
+    }
+
+    /// The archive's stream and those of compressed tars inside it, or a union's
+    /// members' streams.
+    fn bodies(&self) -> impl Iterator<Item = &Body> {
+        std::iter::once(&self.body).chain(&self.nested)
     }
 
     pub fn index(&self) -> &Index {
@@ -254,6 +279,15 @@ impl TarArchive {
 
     /// The body a member's data offset is in, and the offset within it.
     fn body_at(&self, data: u64) -> Result<(&Body, u64)> {
+        if !self.starts.is_empty() {
+            let k = self.starts.partition_point(|&s| s <= data) - 1;
+            let body = if k == 0 {
+                &self.body
+            } else {
+                &self.nested[k - 1]
+            };
+            return Ok((body, data - self.starts[k]));
+        }
         match index::body_of(data) {
             (0, at) => Ok((&self.body, at)),
             (k, at) => self
@@ -265,11 +299,10 @@ impl TarArchive {
     }
 
     fn read_sparse(&self, n: &Node, offset: u64, end: u64) -> Result<Data> {
-        let map_end = self
-            .index
-            .sparse_map(n)
-            .last()
-            .map_or(0, |s| index::body_of(s.archive_off + s.len).1);
+        let map_end = match self.index.sparse_map(n).last() {
+            Some(s) => self.body_at(s.archive_off)?.1 + s.len,
+            None => 0,
+        };
         let mut out = Buf::take((end - offset) as usize);
         out.fill(0);
         let map = self.index.sparse_map(n);
@@ -337,11 +370,16 @@ impl Archive for TarArchive {
         };
         let nested = match self.nested.len() {
             0 => String::new(),
+            _ if !self.starts.is_empty() => String::new(),
             1 => ", 1 compressed tar inside".into(),
             n => format!(", {n} compressed tars inside"),
         };
+        let (what, codec) = match self.starts.len() {
+            0 => ("tar".to_string(), codec),
+            n => (format!("union of {n} tar archives"), String::new()),
+        };
         format!(
-            "tar{codec}{nested}, {} inodes, {} entries, index {} MiB",
+            "{what}{codec}{nested}, {} inodes, {} entries, index {} MiB",
             self.index.node_count(),
             self.index.dirent_count(),
             self.index.heap_bytes() >> 20
@@ -433,7 +471,11 @@ impl Archive for TarArchive {
 
     fn stats(&self) -> Stats {
         Stats {
-            bytes: self.body.len(),
+            // A union's members; compressed tars inside one archive are in its file.
+            bytes: match self.starts.len() {
+                0 => self.body.len(),
+                _ => self.bodies().map(Body::len).sum(),
+            },
             block_size: IO_SIZE,
             inodes: self.index.node_count() as u64,
             name_max: 255,
@@ -447,19 +489,35 @@ impl Archive for TarArchive {
 
     /// The index is in memory, so every byte of the archive is data.
     fn extents(&self) -> Vec<Extent> {
-        let source = self.body.source();
-        if !source.is_local() {
-            return Vec::new();
-        }
-        vec![Extent {
-            path: source.path().to_owned(),
-            range: 0..source.len(),
-            metadata: false,
-        }]
+        // A union's members' files; compressed tars inside one archive are in its file.
+        let files = if self.starts.is_empty() {
+            1
+        } else {
+            self.starts.len()
+        };
+        self.bodies()
+            .take(files)
+            .map(Body::source)
+            .filter(|s| s.is_local())
+            .map(|source| Extent {
+                path: source.path().to_owned(),
+                range: 0..source.len(),
+                metadata: false,
+            })
+            .collect()
+    }
+
+    /// A file's data offset: a union's nodes are numbered directory by directory, not
+    /// in archive order.
+    fn place(&self, ino: u64) -> u64 {
+        self.id(ino)
+            .ok()
+            .and_then(|id| self.index.file_offset(id))
+            .unwrap_or(ino)
     }
 
     fn decode_ahead(&self, which: crate::archive::Ahead) {
-        for b in std::iter::once(&self.body).chain(&self.nested) {
+        for b in self.bodies() {
             if let Body::Decoded(d) = b {
                 d.decode_ahead(which);
             }
@@ -467,8 +525,7 @@ impl Archive for TarArchive {
     }
 
     fn decoding_ahead(&self) -> bool {
-        std::iter::once(&self.body)
-            .chain(&self.nested)
+        self.bodies()
             .any(|b| matches!(b, Body::Decoded(d) if d.decoding_ahead()))
     }
 }

@@ -68,10 +68,34 @@ impl Identity {
         Ok(self)
     }
 
+    /// As a union's saved index keeps it for each member.
+    pub fn to_bytes(self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[0..8].copy_from_slice(&self.size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.mtime_ns.to_le_bytes());
+        b[16..24].copy_from_slice(&self.place.to_le_bytes());
+        b[24..28].copy_from_slice(&self.content.unwrap_or(0).to_le_bytes());
+        b[28..32].copy_from_slice(&self.options.to_le_bytes());
+        b
+    }
+
+    /// What [`to_bytes`](Self::to_bytes) wrote.
+    pub fn from_bytes(b: &[u8; 32]) -> Identity {
+        let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Identity {
+            size: u64_(0),
+            mtime_ns: u64_(8) as i64,
+            place: u64_(16),
+            content: Some(u32_(24)),
+            options: u32_(28),
+        }
+    }
+
     /// Whether `saved` names the same archive: same size, modification time and options,
     /// and the same place on this machine, else (an archive copied with its index) the
     /// same first and last 64 KiB.
-    fn matches(&self, saved: &Identity, source: &Source) -> bool {
+    pub fn matches(&self, saved: &Identity, source: &Source) -> bool {
         let same = self.size == saved.size
             && self.mtime_ns == saved.mtime_ns
             && self.options == saved.options;
@@ -431,6 +455,12 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
 
 /// Every offset and range in the index points inside the index or the archive, so a
 /// CRC-valid file from somewhere else still cannot make a lookup index out of bounds.
+/// Whether every member's data in `ix` lies below `end` (a union's merged offsets), and
+/// the rest of it is sound.
+pub fn offsets_within(ix: &Index, end: u64) -> bool {
+    valid(ix, &[end])
+}
+
 fn valid(ix: &Index, lens: &[u64]) -> bool {
     // Data offsets name their body in their top bits: a range must lie within it.
     let in_body = |at: u64, len: u64| {
