@@ -1,5 +1,6 @@
 //! Several archives shown as one tree: directories merge, and for any other name the
-//! archive given last wins, as if they were extracted one after another.
+//! archive given last wins, as if they were extracted one after another. A union of tars
+//! alone is served from one merged index instead (`crate::tar::TarArchive::union`).
 
 use foldhash::{HashMap, HashMapExt};
 use std::collections::hash_map::Entry;
