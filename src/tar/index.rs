@@ -123,7 +123,7 @@ pub fn kind_of(code: u8) -> Kind {
 
 impl Index {
     /// Packs the builder's nodes into the node columns.
-    pub(super) fn pack_nodes(&mut self, nodes: &[Node]) {
+    fn pack_nodes(&mut self, nodes: &[Node]) {
         let is_plain_file = |n: &Node| kind_of(n.kind) == Kind::File && n.flags & SPARSE == 0;
         // Tar puts every member's data on a 512-byte boundary, nested tars included, so
         // offsets in blocks take 9 bits less; a writer that did not is still served.

@@ -453,14 +453,14 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
     })
 }
 
-/// Every offset and range in the index points inside the index or the archive, so a
-/// CRC-valid file from somewhere else still cannot make a lookup index out of bounds.
 /// Whether every member's data in `ix` lies below `end` (a union's merged offsets), and
 /// the rest of it is sound.
 pub fn offsets_within(ix: &Index, end: u64) -> bool {
     valid(ix, &[end])
 }
 
+/// Every offset and range in the index points inside the index or the archive, so a
+/// CRC-valid file from somewhere else still cannot make a lookup index out of bounds.
 fn valid(ix: &Index, lens: &[u64]) -> bool {
     // Data offsets name their body in their top bits: a range must lie within it.
     let in_body = |at: u64, len: u64| {
