@@ -89,7 +89,7 @@ fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Resul
 fn decoding(options: &OpenOptions, cache: &CacheConfig) -> crate::tar::Decoding {
     crate::tar::Decoding {
         spacing: options.spacing.unwrap_or(crate::tar::DEFAULT_SPACING),
-        cache_bytes: cache.total_bytes,
+        shared: crate::compressed::Shared::new(cache.total_bytes),
         stage_dir: options.stage_dir.clone(),
         limit: u64::MAX,
     }
@@ -391,7 +391,7 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
     // Compressed tars (the archive, or members of a plain one) decode to at most 64 MiB.
     let how = crate::tar::Decoding {
         spacing: 64 << 10,
-        cache_bytes: cache.total_bytes,
+        shared: crate::compressed::Shared::new(cache.total_bytes),
         stage_dir: None,
         limit: 64 << 20,
     };
@@ -418,6 +418,74 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
         }
     };
     Ok(check(&*archive, limits))
+}
+
+/// Splits `data` into 2 or 3 tar archives (by its first byte; the rest in equal parts of
+/// whole 512-byte blocks), indexes each, serves them as one union (one merged index, as a
+/// directory of shards is), saves that index in `dir` and walks the union; then opens the
+/// union again from the saved index, as a remount does, and walks that. Returns both
+/// walks' reports (the second `None` when the saved index was not taken back). The union
+/// fuzz target calls this: the merge and the saved file see hostile indexes here.
+pub fn check_union_bytes(
+    data: &[u8],
+    dir: &Path,
+    limits: Limits,
+) -> Result<(Report, Option<Report>)> {
+    let Some((&first, rest)) = data.split_first() else {
+        return Err(Error::Unsupported("no input".into()));
+    };
+    let count = 2 + usize::from(first % 2);
+    let each = (rest.len() / count) / 512 * 512;
+    let parts: Vec<&[u8]> = (0..count)
+        .map(|i| {
+            let end = if i + 1 == count {
+                rest.len()
+            } else {
+                (i + 1) * each
+            };
+            &rest[i * each..end]
+        })
+        .collect();
+    let files = parts.iter().map(|p| memfd(p)).collect::<Result<Vec<_>>>()?;
+    let paths: Vec<PathBuf> = files
+        .iter()
+        .map(|f| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f)).into())
+        .collect();
+    let how = crate::tar::Decoding {
+        spacing: 64 << 10,
+        shared: crate::compressed::Shared::new(4 << 20),
+        stage_dir: None,
+        limit: 64 << 20,
+    };
+    let opts = || crate::tar::BuildOptions {
+        recursive: false,
+        implied_uid: 0,
+        implied_gid: 0,
+        implied_mtime: 0,
+    };
+    let mut members = Vec::with_capacity(paths.len());
+    for p in &paths {
+        let source = Source::open(p)?;
+        // As a mount takes a directory's files: those that start as a tar.
+        if !crate::tar::is_tar_start(&source) {
+            return Err(Error::Unsupported("not a tar".into()));
+        }
+        members.push(TarArchive::build(
+            Arc::new(source),
+            opts(),
+            &how,
+            &mut |_| {},
+        )?);
+    }
+    let saved = dir.join("union.archfs-index");
+    let _ = std::fs::remove_file(&saved);
+    let merged = match TarArchive::union(members, false, Some(&saved))? {
+        Ok(one) => check(&one, limits),
+        Err(_) => return Err(Error::Unsupported("not mergeable".into())),
+    };
+    let again =
+        TarArchive::union_from_saved(&paths, &saved, false, &how).map(|one| check(&one, limits));
+    Ok((merged, again))
 }
 
 fn memfd(data: &[u8]) -> Result<std::fs::File> {

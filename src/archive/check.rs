@@ -29,7 +29,7 @@ impl Limits {
 }
 
 /// What a walk found.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
     pub dirs: u64,
     pub files: u64,

@@ -118,16 +118,16 @@ fn enter(strm: &mut z::z_stream, src: &Source, p: &Point, window: &[u8]) -> Resu
 impl Decoder for Inflate {
     /// zlib's state (~48 KiB) and the input buffer are kept: made anew for every read,
     /// they fragmented the heap around the cache's blocks.
-    fn restart(&mut self, p: &Point, window: &[u8]) -> Result<bool> {
+    fn restart(&mut self, src: &Arc<Source>, p: &Point, window: &[u8]) -> Result<bool> {
         let start = *p == Point::default();
         // SAFETY: an initialised stream.
         if unsafe { z::inflateReset2(&mut *self.strm, if start { GZIP } else { RAW }) } != z::Z_OK {
             return Err(Error::corrupt("cannot restart inflating"));
         }
         if !start {
-            enter(&mut self.strm, self.input.source(), p, window)?;
+            enter(&mut self.strm, src, p, window)?;
         }
-        self.input.reset(p.input);
+        self.input.reset(src, p.input);
         self.raw = !start;
         self.out = p.output;
         self.ended = false;

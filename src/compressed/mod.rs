@@ -14,6 +14,7 @@ mod ahead;
 mod bzip2_blocks;
 mod gzip;
 mod serial;
+mod shared;
 mod stage;
 mod window;
 mod xz;
@@ -25,9 +26,9 @@ use std::sync::Arc;
 use crate::sync::Mutex;
 
 use crate::archive::Data;
-use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::source::{Buf, Source};
+pub use shared::Shared;
 pub use stage::{hold_copies, release_copies, Stage};
 /// The sparse-window decoder, for its fuzz target.
 pub use window::sparse as sparse_window;
@@ -148,9 +149,10 @@ pub trait Decoder: Send {
     fn input_pos(&self) -> u64;
     /// Frees what can be had again (read-ahead input) before the decoder is parked.
     fn shrink(&mut self) {}
-    /// Moves the decoder to entry point `p` (the start: `Point::default()`), keeping
-    /// its allocations; false where that is not supported.
-    fn restart(&mut self, _p: &Point, _window: &[u8]) -> Result<bool> {
+    /// Moves the decoder to entry point `p` (the start: `Point::default()`) of the
+    /// archive `src` (any of the mount's), keeping its allocations; false where that is
+    /// not supported.
+    fn restart(&mut self, _src: &Arc<Source>, _p: &Point, _window: &[u8]) -> Result<bool> {
         Ok(false)
     }
 }
@@ -244,8 +246,11 @@ impl Input {
         &self.src
     }
 
-    /// Moves to archive offset `at`, keeping the buffer's memory.
-    pub fn reset(&mut self, at: u64) {
+    /// Moves to offset `at` of archive `src`, keeping the buffer's memory.
+    pub fn reset(&mut self, src: &Arc<Source>, at: u64) {
+        if !Arc::ptr_eq(&self.src, src) {
+            self.src = src.clone();
+        }
         self.buf.clear();
         self.used = 0;
         self.next = at;
@@ -813,14 +818,13 @@ pub struct Decoded {
     source: Arc<Source>,
     codec: Codec,
     points: Arc<Points>,
-    blocks: BlockCache<Vec<u8>>,
+    /// The block cache, parked and idle decoders, spare buffers: shared with the other
+    /// streams of the mount, this one's blocks keyed under `tag`.
+    shared: Arc<Shared>,
+    tag: u32,
     /// One decoder at a time per stretch between entry points (striped): a second reader
     /// of the same neighbourhood waits and finds the blocks cached.
     locks: Box<[Mutex<()>]>,
-    /// gzip decoders left where a read's decoding ended, by stretch: the next read further
-    /// into the same stretch goes on from there instead of from the entry point, so a
-    /// stretch read in any order is decoded about once while its blocks stay cached.
-    parked: Mutex<lru::LruCache<usize, Parked>>,
     /// A decoded copy: made from the start for a format without entry points inside,
     /// or by `--preload` ([`Decoded::decode_ahead`]).
     stage: std::sync::OnceLock<Arc<Stage>>,
@@ -829,17 +833,7 @@ pub struct Decoded {
     /// (logged at unmount, to tune `--entry-spacing` and `--cache-size` by).
     decoded: std::sync::atomic::AtomicU64,
     asked: std::sync::atomic::AtomicU64,
-    /// Evicted blocks' buffers, decoded into again. With blocks, zlib states and input
-    /// buffers freed to malloc and made anew, glibc's arenas held 150-250 MiB of free
-    /// memory between the cache's live blocks (peak RSS 720 MiB with a 512 MiB cache on
-    /// the bench's tar.gz; 615 MiB recycling them, 500 MiB trimming as well).
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
-    /// Decoders done with, restarted at the next read's entry point (see
-    /// [`Decoder::restart`]).
-    idle: Mutex<Vec<Box<dyn Decoder>>>,
 }
-
-const IDLE: usize = 16;
 
 /// Mean decoded bytes between entry points above which reads decode far
 /// ([`crate::archive::Ahead::Far`]).
@@ -858,22 +852,19 @@ fn trim_heap() {
     }
 }
 
-/// Block buffers kept for reuse.
-const SPARE_BLOCKS: usize = 256;
-
 impl Drop for Decoded {
     fn drop(&mut self) {
         let (asked, decoded) = (self.asked.load(Relaxed), self.decoded.load(Relaxed));
         if asked > 0 && self.stage.get().is_none() {
             tracing::info!(
                 "{}: reads asked for {} MiB and decoded {} MiB ({:.2}x); {} MiB cached, {} \
-                 decoders parked",
+                 decoders parked (with the mount's other compressed streams)",
                 self.source.path().display(),
                 asked >> 20,
                 decoded >> 20,
                 decoded as f64 / asked as f64,
-                self.blocks.bytes() >> 20,
-                self.parked.lock().len()
+                self.shared.blocks.bytes() >> 20,
+                self.shared.parked_count()
             );
         }
     }
@@ -881,11 +872,6 @@ impl Drop for Decoded {
 
 /// A decoder and the decoded offset it stopped at.
 type Parked = (u64, Box<dyn Decoder>);
-
-/// A parked gzip decoder: zlib's state and 32 KiB window, its input buffer dropped. They
-/// take 1/16 of the cache budget: with 64 of them for 1,050 stretches (the 10,000-file
-/// bench) most reads found theirs evicted and decoded from the entry point again.
-const PARKED_BYTES: u64 = 48 << 10;
 
 /// Decoded blocks in the cache: large enough that a file of ~110 KiB is two or three,
 /// small enough that the cache keeps the neighbourhoods in use.
@@ -897,17 +883,17 @@ const LOCKS: usize = 64;
 const AHEAD: u64 = 4 << 20;
 
 impl Decoded {
-    /// `stage_dir` is where a decoded copy goes when one is needed and does not fit in
-    /// memory.
+    /// `shared`: the cache and decoders of the mount's compressed streams; `stage_dir`:
+    /// where a decoded copy goes when one is needed and does not fit in memory.
     pub fn new(
         source: Arc<Source>,
         codec: Codec,
         points: Points,
-        cache_bytes: u64,
+        shared: &Arc<Shared>,
         stage_dir: Option<&std::path::Path>,
     ) -> Result<Decoded> {
         let points = Arc::new(points);
-        let spare = Arc::new(Mutex::new(Vec::new()));
+        let (shared, tag) = shared.place(points.len());
         let spread = points.spacing.saturating_mul(4);
         let stage_now = if points.widest() > codec.max_stretch().max(spread)
             || (points.count() == 1 && points.len() > spread)
@@ -934,30 +920,13 @@ impl Decoded {
             source,
             codec,
             points,
-            // 7/8 of the budget; 1/16 for parked decoders, 1/16 for the rest of the
-            // server (spare blocks, buffers, the allocator's slack between trims).
-            blocks: BlockCache::new("decoded", (cache_bytes - cache_bytes / 8) as usize).recycling(
-                {
-                    let spare = spare.clone();
-                    move |block: Vec<u8>| {
-                        let mut s = spare.lock();
-                        if s.len() < SPARE_BLOCKS {
-                            s.push(block);
-                        }
-                    }
-                },
-            ),
+            shared,
+            tag,
             locks: (0..LOCKS).map(|_| Mutex::new(())).collect(),
-            parked: Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new((cache_bytes / 16 / PARKED_BYTES).max(8) as usize)
-                    .unwrap(),
-            )),
             stage: stage_now.map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from),
             stage_dir: stage_dir.map(std::path::Path::to_path_buf),
             decoded: Default::default(),
             asked: Default::default(),
-            spare,
-            idle: Mutex::new(Vec::new()),
         })
     }
 
@@ -1051,7 +1020,7 @@ impl Decoded {
             let i = self.points.before(at);
             let base = self.points.points[i].output;
             let key = base + (at - base) / BLOCK * BLOCK;
-            let block = match self.blocks.get(key) {
+            let block = match self.shared.blocks.get(self.key(key)) {
                 Some(b) => b,
                 None => self.decode(i, key, horizon.clamp(end, end + AHEAD))?,
             };
@@ -1061,7 +1030,7 @@ impl Decoded {
                 return Err(Error::corrupt("decoded block is shorter than expected"));
             }
             if upto == block.len() {
-                self.blocks.demote(key);
+                self.shared.blocks.demote(self.key(key));
             }
             if out.is_none() && at == pos && upto as u64 + key == end {
                 return Ok(Data::Shared(block, from..upto)); // one block: no copy
@@ -1078,7 +1047,8 @@ impl Decoded {
     /// up to `horizon`, caching every block made; returns the one at `key`.
     fn decode(&self, i: usize, key: u64, horizon: u64) -> Result<Arc<Vec<u8>>> {
         let _one = self.locks[i % LOCKS].lock();
-        if let Some(b) = self.blocks.get(key) {
+        let blocks = &self.shared.blocks;
+        if let Some(b) = blocks.get(self.key(key)) {
             return Ok(b); // decoded while we waited
         }
         let p = self.points.points[i];
@@ -1090,7 +1060,7 @@ impl Decoded {
             Codec::Gzip => horizon.clamp(key + 1, stop),
             _ => stop,
         };
-        let (mut at, mut dec) = match self.parked.lock().pop(&i) {
+        let (mut at, mut dec) = match self.shared.unpark(self.tag, i) {
             Some((at, d)) if at <= key => (at, d),
             other => {
                 if let Some((_, d)) = other {
@@ -1107,7 +1077,7 @@ impl Decoded {
             let size = BLOCK.min(stop - at) as usize;
             let mut block = scratch
                 .take()
-                .or_else(|| self.spare.lock().pop())
+                .or_else(|| self.shared.spare_block())
                 .unwrap_or_default();
             block.resize(size, 0);
             if fill(dec.as_mut(), &mut block)? < size {
@@ -1122,29 +1092,28 @@ impl Decoded {
             if (before + size as u64) / TRIM_EVERY != before / TRIM_EVERY {
                 trim_heap();
             }
-            let b = match self.blocks.get(at) {
+            let b = match blocks.get(self.key(at)) {
                 Some(b) => {
                     scratch = Some(block);
                     b
                 }
-                None => self.blocks.get_or_load(at, || Ok(block))?,
+                None => blocks.get_or_load(self.key(at), || Ok(block))?,
             };
             if at == key {
                 wanted = Some(b);
             } else if at < key {
                 // Decoded on the way to the read: of a file read before as often as not.
-                self.blocks.demote(at);
+                blocks.demote(self.key(at));
             }
             at += size as u64;
         }
         if let Some(b) = scratch {
-            self.spare.lock().push(b);
+            self.shared.keep_block(b);
         }
         // A zstd decoder holds its frame's window (pzstd: several MiB): not worth keeping.
         if at < stop && self.codec == Codec::Gzip {
             dec.shrink();
-            let evicted = self.parked.lock().push(i, (at, dec));
-            if let Some((_, (_, d))) = evicted {
+            if let Some((_, d)) = self.shared.park(self.tag, i, (at, dec)) {
                 self.retire(d);
             }
         } else {
@@ -1153,11 +1122,18 @@ impl Decoded {
         wanted.ok_or_else(|| Error::corrupt("decoded block not found"))
     }
 
-    /// A decoder at entry point `i`: an idle one moved there, else a new one.
+    /// A decoder at entry point `i`: an idle one moved there (the idle are gzip's, of
+    /// any of the mount's streams), else a new one.
     fn decoder(&self, i: usize) -> Result<Box<dyn Decoder>> {
-        if let Some(mut d) = self.idle.lock().pop() {
-            if d.restart(&self.points.points[i], &self.points.window(i)?)? {
-                return Ok(d);
+        if self.codec == Codec::Gzip {
+            if let Some(mut d) = self.shared.idle_decoder() {
+                if d.restart(
+                    &self.source,
+                    &self.points.points[i],
+                    &self.points.window(i)?,
+                )? {
+                    return Ok(d);
+                }
             }
         }
         self.points.decoder(i, self.codec, &self.source)
@@ -1169,9 +1145,11 @@ impl Decoded {
         if self.codec != Codec::Gzip {
             return;
         }
-        let mut idle = self.idle.lock();
-        if idle.len() < IDLE {
-            idle.push(d);
-        }
+        self.shared.retire(d);
+    }
+
+    /// The cache key of this stream's decoded offset `at`.
+    fn key(&self, at: u64) -> u64 {
+        Shared::key(self.tag, at)
     }
 }

@@ -199,7 +199,7 @@ impl Stage {
             }
             let p = points.points[i];
             let reused = match &mut dec {
-                Some(d) => d.restart(&p, &points.window(i)?)?,
+                Some(d) => d.restart(source, &p, &points.window(i)?)?,
                 None => false,
             };
             if !reused {

@@ -124,8 +124,9 @@ impl Body {
 pub struct Decoding {
     /// Decoded bytes between entry points.
     pub spacing: u64,
-    /// The decoded-block cache (shared out among compressed tars inside an archive).
-    pub cache_bytes: u64,
+    /// The decoded-block cache and decoders, shared by every compressed stream of the
+    /// mount (a union's shards, compressed tars inside an archive).
+    pub shared: Arc<crate::compressed::Shared>,
     /// Where a decoded copy goes when one is needed and memory is short.
     pub stage_dir: Option<std::path::PathBuf>,
     /// Decoded bytes beyond which an archive is refused (the fuzz targets' bound on a
@@ -137,7 +138,9 @@ impl Default for Decoding {
     fn default() -> Decoding {
         Decoding {
             spacing: DEFAULT_SPACING,
-            cache_bytes: crate::cache::CacheConfig::default().total_bytes,
+            shared: crate::compressed::Shared::new(
+                crate::cache::CacheConfig::default().total_bytes,
+            ),
             stage_dir: None,
             limit: u64::MAX,
         }
@@ -190,30 +193,28 @@ impl TarArchive {
         for s in &index.skipped {
             tracing::warn!("{}: skipped {s}", source.path().display());
         }
-        let decoded = Decoded::new(
-            source,
-            codec,
-            points,
-            how.cache_bytes,
-            how.stage_dir.as_deref(),
-        )?;
+        let decoded = Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())?;
         TarArchive::from_index(Body::Decoded(Box::new(decoded)), Vec::new(), how, index)
     }
 
-    /// `nested`: the compressed tars inside a plain archive; they share the
-    /// decoded-block cache.
+    /// `nested`: the compressed tars inside a plain archive.
     pub fn from_index(
         body: Body,
         nested: Vec<index::Nested>,
         how: &Decoding,
         index: Index,
     ) -> Result<TarArchive> {
-        let share = (how.cache_bytes / nested.len().max(1) as u64).max(4 << 20);
         let nested = nested
             .into_iter()
             .map(|n| {
                 let slice = Arc::new(body.source().slice(n.at, n.len)?);
-                let d = Decoded::new(slice, n.codec, n.points, share, how.stage_dir.as_deref())?;
+                let d = Decoded::new(
+                    slice,
+                    n.codec,
+                    n.points,
+                    &how.shared,
+                    how.stage_dir.as_deref(),
+                )?;
                 Ok(Body::Decoded(Box::new(d)))
             })
             .collect::<Result<_>>()?;
@@ -578,7 +579,7 @@ pub fn open(
                     source,
                     codec,
                     points,
-                    how.cache_bytes,
+                    &how.shared,
                     how.stage_dir.as_deref(),
                 )?)),
                 _ => Body::Plain(source),

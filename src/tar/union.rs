@@ -129,14 +129,8 @@ impl TarArchive {
             }
             bodies.push(match (codec, points) {
                 (Some(codec), Some(points)) => Body::Decoded(Box::new(
-                    Decoded::new(
-                        source,
-                        codec,
-                        points,
-                        how.cache_bytes,
-                        how.stage_dir.as_deref(),
-                    )
-                    .ok()?,
+                    Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())
+                        .ok()?,
                 )),
                 (None, None) => Body::Plain(source),
                 _ => return None,
