@@ -25,10 +25,12 @@ pub fn open_with(
     cache: &CacheConfig,
     options: &OpenOptions,
 ) -> Result<Arc<dyn Archive>> {
-    Ok(match open_format(path, cache, options)? {
-        Opened::Tar(t) => t,
-        Opened::Other(a) => a,
-    })
+    Ok(
+        match open_format(path, cache, &decoding(options, cache), options)? {
+            Opened::Tar(t) => t,
+            Opened::Other(a) => a,
+        },
+    )
 }
 
 /// An archive as opened: tars as what they are, so that a union of them can merge
@@ -38,7 +40,14 @@ enum Opened {
     Other(Arc<dyn Archive>),
 }
 
-fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Result<Opened> {
+/// `cache` is a SquashFS image's budget; `how` says how compressed tars decode (their
+/// cache shared with the mount's other compressed streams).
+fn open_format(
+    path: &Path,
+    cache: &CacheConfig,
+    how: &crate::tar::Decoding,
+    options: &OpenOptions,
+) -> Result<Opened> {
     let source = Source::open_with(path, &options.remote)?;
     let mut magic = [0u8; 4];
     if source.len() >= 4 {
@@ -48,7 +57,6 @@ fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Resul
         let image = crate::squashfs::SquashFs::open(source, cache)?;
         return Ok(Opened::Other(Arc::new(image)));
     }
-    let how = decoding(options, cache);
     if let Some(codec) = Codec::detect(&magic) {
         let source = Arc::new(source);
         let opts = tar_options(options, &source);
@@ -57,7 +65,7 @@ fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Resul
             opts,
             options.index.as_deref(),
             Some(codec),
-            &how,
+            how,
         )?));
     }
     if magic == [0x04, 0x22, 0x4d, 0x18] {
@@ -74,7 +82,7 @@ fn open_format(path: &Path, cache: &CacheConfig, options: &OpenOptions) -> Resul
             opts,
             options.index.as_deref(),
             None,
-            &how,
+            how,
         )?));
     }
     Err(Error::Unsupported(format!(
@@ -180,8 +188,8 @@ fn open_all(
     }
     // Objects in object storage hold no descriptor.
     room_for_descriptors(files.iter().filter(|f| !crate::source::is_url(f)).count())?;
-    // One budget for the whole union: the SquashFS members split it (tar members read
-    // through the page cache and hold no blocks).
+    // One budget for the whole union: the SquashFS members split it, the compressed tars
+    // share one cache and their decoders (plain tars read through the page cache).
     let per_member = CacheConfig {
         total_bytes: (cache.total_bytes / files.len() as u64).max(1 << 20),
     };
@@ -192,13 +200,16 @@ fn open_all(
     // Local tars: their merged index, saved by an earlier mount.
     let saved_at = (!files.iter().any(|f| crate::source::is_url(f)))
         .then(|| crate::tar::union_index_path(&files));
+    let how = decoding(&options, cache);
     if let Some(path) = &saved_at {
-        let how = decoding(&options, &per_member);
         if let Some(one) = TarArchive::union_from_saved(&files, path, options.recursive, &how) {
             return Ok(Arc::new(one));
         }
     }
-    let members = open_side_by_side(&files, &per_member, &options)?;
+    let members = open_side_by_side(&files, &per_member, &how, &options)?;
+    // The opening threads' arenas hold their buffers' pages, freed: back before the
+    // merge takes as much again (1,000 .tar.gz shards: peak RSS 119 -> 87-91 MB).
+    crate::memory::give_back();
     union_of(members, options.recursive, saved_at.as_deref())
 }
 
@@ -295,6 +306,7 @@ pub fn restore_files_limit() {
 fn open_side_by_side(
     files: &[PathBuf],
     cache: &CacheConfig,
+    how: &crate::tar::Decoding,
     options: &OpenOptions,
 ) -> Result<Vec<Opened>> {
     const AT_ONCE: usize = 16;
@@ -306,7 +318,7 @@ fn open_side_by_side(
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(f) = files.get(i) else { break };
-                let opened = open_format(f, cache, options);
+                let opened = open_format(f, cache, how, options);
                 let failed = opened.is_err();
                 *slots[i].lock() = Some(opened);
                 if failed {

@@ -9,6 +9,7 @@
 //! and its output is compared with what the indexing pass decoded, so a window is only
 //! thinned when this decoder read the stream exactly as zlib did.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -35,10 +36,17 @@ pub fn pack(window: &[u8]) -> Box<[u8]> {
         .into_boxed_slice()
 }
 
+/// Windows queued to every thinner at once (each ~65 KiB with the output after it): a
+/// union's first mount indexes 16 shards side by side on 2 cores, and their threads'
+/// queues of 64 held 67 MB. Past this bound an indexing pass thins its own.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
+const QUEUED_MAX: usize = 64;
+
 /// Thins and packs the indexing pass's windows on a thread of its own: the pass keeps
 /// one core busy inflating, and the sparse decoder's work (a window's length of output
 /// per entry point) then costs it nothing.
 pub struct Thinner {
+    src: Arc<Source>,
     jobs: Option<mpsc::SyncSender<Job>>,
     done: mpsc::Receiver<(usize, Box<[u8]>)>,
     worker: Option<std::thread::JoinHandle<()>>,
@@ -58,21 +66,26 @@ struct Job {
 
 impl Thinner {
     pub fn new(src: Arc<Source>) -> Result<Thinner> {
-        let (jobs, todo) = mpsc::sync_channel::<Job>(64);
+        let (jobs, todo) = mpsc::sync_channel::<Job>(QUEUED_MAX);
         let (tell, done) = mpsc::channel();
+        let from = src.clone();
         let worker = std::thread::Builder::new()
             .name("archfs-windows".into())
             .spawn(move || {
+                // Every job is taken off the queue and the count, even once no one
+                // waits for the result.
+                let mut told = true;
                 for job in todo {
-                    let thin = checked(&src, &job);
-                    let packed = pack(thin.as_deref().unwrap_or(&job.window));
-                    if tell.send((job.i, packed)).is_err() {
-                        return;
+                    if told {
+                        let packed = thin_and_pack(&from, &job);
+                        told = tell.send((job.i, packed)).is_ok();
                     }
+                    QUEUED.fetch_sub(1, Ordering::AcqRel);
                 }
             })
             .map_err(|e| Error::io("cannot start the window thread", e))?;
         Ok(Thinner {
+            src,
             jobs: Some(jobs),
             done,
             worker: Some(worker),
@@ -89,17 +102,25 @@ impl Thinner {
             window,
             after,
         };
-        if let Some(jobs) = &self.jobs {
-            if jobs.send(job).is_ok() {
-                self.sent += 1;
+        if QUEUED.fetch_add(1, Ordering::AcqRel) >= QUEUED_MAX {
+            QUEUED.fetch_sub(1, Ordering::AcqRel);
+            let packed = thin_and_pack(&self.src, &job);
+            self.got.push((i, packed));
+            return;
+        }
+        match &self.jobs {
+            Some(jobs) if jobs.send(job).is_ok() => self.sent += 1,
+            _ => {
+                QUEUED.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
 
     /// The windows packed so far, not waiting for more.
     pub fn ready(&mut self) -> impl Iterator<Item = (usize, Box<[u8]>)> + '_ {
+        let before = self.got.len();
         self.got.extend(self.done.try_iter());
-        self.back += self.got.len();
+        self.back += self.got.len() - before;
         self.got.drain(..)
     }
 
@@ -113,12 +134,20 @@ impl Thinner {
         if self.back + all.len() != self.sent {
             return Err(Error::corrupt("the window thread stopped early"));
         }
+        let mut all = all;
+        all.append(&mut self.got);
         Ok(all)
     }
 }
 
 /// The job's window made sparse, if the sparse decoder made the output the indexing
 /// pass did.
+/// The window thinned where the check allows it, packed.
+fn thin_and_pack(src: &Source, job: &Job) -> Box<[u8]> {
+    let thin = checked(src, job);
+    pack(thin.as_deref().unwrap_or(&job.window))
+}
+
 fn checked(src: &Source, job: &Job) -> Option<Vec<u8>> {
     let p = &job.p;
     let from = p.input.checked_sub(u64::from(p.bits > 0))?;
