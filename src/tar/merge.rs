@@ -65,9 +65,12 @@ pub fn merge(members: &[(&Index, u64)]) -> Result<Index> {
             }
         }
         // Sorted by name, each name's appearances in member order (members' own
-        // listings are sorted and hold a name once).
-        if dir.parts.len() > 1 {
-            seen_names.sort_unstable_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+        // listings are sorted and hold a name once). Shards of a dataset written in key
+        // order come sorted already: the check is a pass, the sort of a root of 2 M
+        // names ~0.5 s.
+        let order = |a: &(&[u8], u32, u32), b: &(&[u8], u32, u32)| a.0.cmp(b.0).then(a.1.cmp(&b.1));
+        if dir.parts.len() > 1 && !seen_names.is_sorted_by(|a, b| order(a, b).is_le()) {
+            seen_names.sort_unstable_by(order);
         }
         let first = out.child.len() as u64;
         let mut k = 0;

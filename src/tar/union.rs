@@ -95,7 +95,7 @@ impl TarArchive {
             return None;
         }
         let sources = open_sources(files)?;
-        let first = &sources[0].0;
+        let first = &sources[0];
         let id = Identity::of(first, recursive);
         let loaded = persist::load(path, &id, first, |extra| {
             let members = decode_members(extra, sources.len())?;
@@ -114,7 +114,7 @@ impl TarArchive {
             }
         };
         let mut bodies = Vec::with_capacity(sources.len());
-        for ((source, codec), (saved, under)) in sources.into_iter().zip(members) {
+        for (source, (saved, under)) in sources.into_iter().zip(members) {
             if !Identity::of(&source, recursive).matches(&saved, &source) {
                 tracing::info!(
                     "{} changed since the union's index was saved; rebuilding it",
@@ -122,6 +122,12 @@ impl TarArchive {
                 );
                 return None;
             }
+            // The member is as it was saved: what lies under its tar stream says its
+            // compression (nothing: a plain tar) without reading it.
+            let codec = match under.get(4) {
+                None => None,
+                Some(&id) => Some(Codec::from_id(id)?),
+            };
             let len = source.len();
             let (points, nested) = Under::decode(&under, codec, len)?;
             if !nested.is_empty() {
@@ -167,28 +173,20 @@ fn starts_of<'a>(bodies: impl Iterator<Item = &'a Body>) -> Result<Vec<u64>> {
     Ok(starts)
 }
 
-/// A member's file and its compression (`None`: plain).
-type Member = (Arc<Source>, Option<Codec>);
-
-/// The members' files, and for each its compression; `None` if one
-/// cannot be opened or is not a tar (the member-by-member opening says why).
-fn open_sources(files: &[PathBuf]) -> Option<Vec<Member>> {
+/// The members' files, opened (16 at a time: 10,000 cold opens one after another take
+/// seconds) and not read: a remount of 10,000 shards read the first block of each to
+/// tell its format, 10,000 reads across the disk, where the saved index says it.
+/// `None` if one cannot be opened.
+fn open_sources(files: &[PathBuf]) -> Option<Vec<Arc<Source>>> {
     const AT_ONCE: usize = 16;
     let chunk = files.len().div_ceil(AT_ONCE).max(1);
-    let opened: Vec<Option<Vec<Member>>> = std::thread::scope(|s| {
+    let opened: Vec<Option<Vec<Arc<Source>>>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .chunks(chunk)
             .map(|part| {
                 s.spawn(move || {
                     part.iter()
-                        .map(|f| {
-                            let source = Source::open(f).ok()?;
-                            let mut magic = [0u8; 4];
-                            source.read_exact_at(0, &mut magic).ok()?;
-                            let codec = Codec::detect(&magic);
-                            (codec.is_some() || super::is_tar_start(&source))
-                                .then(|| (Arc::new(source), codec))
-                        })
+                        .map(|f| Source::open(f).ok().map(Arc::new))
                         .collect::<Option<Vec<_>>>()
                 })
             })
