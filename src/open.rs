@@ -401,12 +401,7 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
         implied_mtime: 0,
     };
     // Compressed tars (the archive, or members of a plain one) decode to at most 64 MiB.
-    let how = crate::tar::Decoding {
-        spacing: 64 << 10,
-        shared: crate::compressed::Shared::new(cache.total_bytes),
-        stage_dir: None,
-        limit: 64 << 20,
-    };
+    let how = fuzz_decoding(cache.total_bytes);
     let archive: Box<dyn Archive> = match format {
         Format::SquashFs => Box::new(crate::squashfs::SquashFs::open(source, &cache)?),
         Format::Tar => Box::new(crate::tar::TarArchive::build(
@@ -463,12 +458,7 @@ pub fn check_union_bytes(
         .iter()
         .map(|f| format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(f)).into())
         .collect();
-    let how = crate::tar::Decoding {
-        spacing: 64 << 10,
-        shared: crate::compressed::Shared::new(4 << 20),
-        stage_dir: None,
-        limit: 64 << 20,
-    };
+    let how = fuzz_decoding(4 << 20);
     let opts = || crate::tar::BuildOptions {
         recursive: false,
         implied_uid: 0,
@@ -498,6 +488,17 @@ pub fn check_union_bytes(
     let again =
         TarArchive::union_from_saved(&paths, &saved, false, &how).map(|one| check(&one, limits));
     Ok((merged, again))
+}
+
+/// How [`check_bytes`] and [`check_union_bytes`] decode: entry points every 64 KiB, at
+/// most 64 MiB decoded (the fuzz targets' bound on a decompression bomb).
+fn fuzz_decoding(cache_bytes: u64) -> crate::tar::Decoding {
+    crate::tar::Decoding {
+        spacing: 64 << 10,
+        shared: crate::compressed::Shared::new(cache_bytes),
+        stage_dir: None,
+        limit: 64 << 20,
+    }
 }
 
 fn memfd(data: &[u8]) -> Result<std::fs::File> {

@@ -130,24 +130,24 @@ impl Thinner {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
-        let all: Vec<_> = self.done.try_iter().collect();
+        let mut all: Vec<_> = self.done.try_iter().collect();
         if self.back + all.len() != self.sent {
             return Err(Error::corrupt("the window thread stopped early"));
         }
-        let mut all = all;
+        // With those an indexing pass thinned itself (past the bound on queued windows).
         all.append(&mut self.got);
         Ok(all)
     }
 }
 
-/// The job's window made sparse, if the sparse decoder made the output the indexing
-/// pass did.
 /// The window thinned where the check allows it, packed.
 fn thin_and_pack(src: &Source, job: &Job) -> Box<[u8]> {
     let thin = checked(src, job);
     pack(thin.as_deref().unwrap_or(&job.window))
 }
 
+/// The job's window made sparse, if the sparse decoder made the output the indexing
+/// pass did.
 fn checked(src: &Source, job: &Job) -> Option<Vec<u8>> {
     let p = &job.p;
     let from = p.input.checked_sub(u64::from(p.bits > 0))?;

@@ -105,16 +105,15 @@ impl Mount {
         } else {
             SessionACL::Owner
         };
-        let inodes = archive.stats().inodes;
-        let list_ahead = s.prelist
-            && s.readdirplus == Readdirplus::Always
-            && prelist::fits(inodes, crate::memory::available());
-        if s.prelist && s.readdirplus == Readdirplus::Always && !list_ahead {
+        let (inodes, available) = (archive.stats().inodes, crate::memory::available());
+        let wanted = s.prelist && s.readdirplus == Readdirplus::Always;
+        let list_ahead = wanted && prelist::fits(inodes, available);
+        if wanted && !list_ahead {
             tracing::info!(
                 "not listing ahead: the kernel's inodes for {inodes} entries would take more \
                  than a tenth of the memory available ({} MiB); the job's first lookups \
                  of each file go to the server",
-                crate::memory::available().unwrap_or(0) >> 20
+                available.unwrap_or(0) >> 20
             );
         }
         let ahead = prelist::Ahead::new();

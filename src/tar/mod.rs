@@ -686,6 +686,19 @@ impl Under {
         o
     }
 
+    /// The compression of the archive [`encode`](Self::encode) wrote this for, read from
+    /// its entry points' first byte (none: a plain tar); `None` if damaged.
+    fn codec(b: &[u8]) -> Option<Option<Codec>> {
+        let count = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        if count != 0 {
+            return None; // nested tars: a member of a union has none
+        }
+        match b.get(4) {
+            None => Some(None),
+            Some(&id) => Codec::from_id(id).map(Some),
+        }
+    }
+
     /// What [`encode`](Self::encode) wrote, if it fits an archive of `archive_len`
     /// bytes in `codec` (`None`: a plain tar).
     fn decode(

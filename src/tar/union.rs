@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::index::Index;
 use super::persist::{self, Identity, Rejected};
 use super::{merge, Body, Decoding, TarArchive, Under};
-use crate::compressed::{Codec, Decoded};
+use crate::compressed::Decoded;
 use crate::error::{Error, Result};
 use crate::source::Source;
 use crate::sync::RwLock;
@@ -122,12 +122,8 @@ impl TarArchive {
                 );
                 return None;
             }
-            // The member is as it was saved: what lies under its tar stream says its
-            // compression (nothing: a plain tar) without reading it.
-            let codec = match under.get(4) {
-                None => None,
-                Some(&id) => Some(Codec::from_id(id)?),
-            };
+            // The member is as it was saved: its compression is known without reading it.
+            let codec = Under::codec(&under)?;
             let len = source.len();
             let (points, nested) = Under::decode(&under, codec, len)?;
             if !nested.is_empty() {
