@@ -26,27 +26,29 @@ pub fn open_with(
     options: &OpenOptions,
 ) -> Result<Arc<dyn Archive>> {
     Ok(
-        match open_format(path, cache, &decoding(options, cache), options)? {
-            Opened::Tar(t) => t,
+        match open_format(path, cache, &decoding(options, cache), options, true)? {
+            Opened::Tar(t, _) => t,
             Opened::Other(a) => a,
         },
     )
 }
 
 /// An archive as opened: tars as what they are, so that a union of them can merge
-/// their indexes.
+/// their indexes, with where a tar's index goes if it was built and not yet saved.
 enum Opened {
-    Tar(Arc<TarArchive>),
+    Tar(Arc<TarArchive>, Option<PathBuf>),
     Other(Arc<dyn Archive>),
 }
 
 /// `cache` is a SquashFS image's budget; `how` says how compressed tars decode (their
-/// cache shared with the mount's other compressed streams).
+/// cache shared with the mount's other compressed streams); `save` whether a tar's
+/// index, if built, is saved now.
 fn open_format(
     path: &Path,
     cache: &CacheConfig,
     how: &crate::tar::Decoding,
     options: &OpenOptions,
+    save: bool,
 ) -> Result<Opened> {
     let source = Source::open_with(path, &options.remote)?;
     let mut magic = [0u8; 4];
@@ -57,16 +59,20 @@ fn open_format(
         let image = crate::squashfs::SquashFs::open(source, cache)?;
         return Ok(Opened::Other(Arc::new(image)));
     }
-    if let Some(codec) = Codec::detect(&magic) {
-        let source = Arc::new(source);
+    let tar = |source: Source, codec| {
         let opts = tar_options(options, &source);
-        return Ok(Opened::Tar(crate::tar::open(
-            source,
-            opts,
-            options.index.as_deref(),
-            Some(codec),
-            how,
-        )?));
+        let recursive = opts.recursive;
+        let index = options.index.as_deref();
+        let (t, mut unsaved) = crate::tar::open_unsaved(Arc::new(source), opts, index, codec, how)?;
+        if save {
+            if let Some(path) = unsaved.take() {
+                t.save_index(&path, recursive);
+            }
+        }
+        Ok(Opened::Tar(t, unsaved))
+    };
+    if let Some(codec) = Codec::detect(&magic) {
+        return tar(source, Some(codec));
     }
     if magic == [0x04, 0x22, 0x4d, 0x18] {
         return Err(Error::Unsupported(format!(
@@ -76,14 +82,7 @@ fn open_format(
         )));
     }
     if crate::tar::is_tar_start(&source) {
-        let opts = tar_options(options, &source);
-        return Ok(Opened::Tar(crate::tar::open(
-            Arc::new(source),
-            opts,
-            options.index.as_deref(),
-            None,
-            how,
-        )?));
+        return tar(source, None);
     }
     Err(Error::Unsupported(format!(
         "{} is neither a SquashFS image nor a tar archive; create an image with \
@@ -206,7 +205,8 @@ fn open_all(
             return Ok(Arc::new(one));
         }
     }
-    let members = open_side_by_side(&files, &per_member, &how, &options)?;
+    // Where the union's index is saved, its members' are not (unless not merged).
+    let members = open_side_by_side(&files, &per_member, &how, &options, saved_at.is_none())?;
     // The opening threads' arenas hold their buffers' pages, freed: back before the
     // merge takes as much again (1,000 .tar.gz shards: peak RSS 119 -> 87-91 MB).
     crate::memory::give_back();
@@ -214,21 +214,36 @@ fn open_all(
 }
 
 /// One tar of tars' merged indexes where every member is a tar (WebDataset), its index
-/// saved at `save`, else a [`Union`] over the members.
+/// saved at `save`, else a [`Union`] over the members, whose own indexes are then saved.
 fn union_of(
     members: Vec<Opened>,
     recursive: bool,
     save: Option<&Path>,
 ) -> Result<Arc<dyn Archive>> {
     let mut tars = Vec::with_capacity(members.len());
+    let mut unsaved = Vec::new();
     let mut others: Vec<Arc<dyn Archive>> = Vec::new();
+    let keep = |t: &TarArchive, path: Option<PathBuf>| {
+        if let Some(path) = path {
+            t.save_index(&path, recursive);
+        }
+    };
     for m in members {
         match m {
-            Opened::Tar(t) if others.is_empty() => match Arc::try_unwrap(t) {
-                Ok(t) => tars.push(t),
-                Err(t) => others.push(t),
+            Opened::Tar(t, path) if others.is_empty() => match Arc::try_unwrap(t) {
+                Ok(t) => {
+                    tars.push(t);
+                    unsaved.push(path);
+                }
+                Err(t) => {
+                    keep(&t, path);
+                    others.push(t);
+                }
             },
-            Opened::Tar(t) => others.push(t),
+            Opened::Tar(t, path) => {
+                keep(&t, path);
+                others.push(t);
+            }
             Opened::Other(a) => others.push(a),
         }
     }
@@ -237,6 +252,9 @@ fn union_of(
             Ok(one) => return Ok(Arc::new(one)),
             Err(back) => tars = back,
         }
+    }
+    for (t, path) in tars.iter().zip(unsaved) {
+        keep(t, path);
     }
     let mut all: Vec<Arc<dyn Archive>> = tars
         .into_iter()
@@ -308,6 +326,7 @@ fn open_side_by_side(
     cache: &CacheConfig,
     how: &crate::tar::Decoding,
     options: &OpenOptions,
+    save: bool,
 ) -> Result<Vec<Opened>> {
     const AT_ONCE: usize = 16;
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -318,7 +337,7 @@ fn open_side_by_side(
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(f) = files.get(i) else { break };
-                let opened = open_format(f, cache, how, options);
+                let opened = open_format(f, cache, how, options, save);
                 let failed = opened.is_err();
                 *slots[i].lock() = Some(opened);
                 if failed {

@@ -493,17 +493,26 @@ fn shards_mount_as_a_union_and_a_damaged_index_is_rebuilt() {
         let m = Mount::new(&shards, &mnt, &[]);
         check_shards(&m.path, &all, 3, 20, pass);
     }
-    let ix = index_of(&shards.join("s00.tar.c"));
+    // The union saved its merged index and not its members' own.
+    let saved: Vec<_> = std::fs::read_dir(&shards)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".archfs-index"))
+        .collect();
+    assert!(
+        saved.len() == 1 && saved[0].starts_with(".archfs-union-"),
+        "{saved:?}"
+    );
+    // One shard mounted alone saves its own.
+    let one = shards.join("s00.tar.c");
+    drop(Mount::new(&one, &mnt, &[]));
+    let ix = index_of(&one);
     let mut b = std::fs::read(&ix).unwrap();
     let at = b.len() / 2;
     b[at] ^= 0xff;
     std::fs::write(&ix, &b).unwrap();
     let log = dir.join("log");
-    let m = Mount::new(
-        &shards.join("s00.tar.c"),
-        &mnt,
-        &["--debug", "--log", log.to_str().unwrap()],
-    );
+    let m = Mount::new(&one, &mnt, &["--debug", "--log", log.to_str().unwrap()]);
     assert!(std::fs::read_to_string(&log).unwrap().contains("damaged"));
     assert!(
         std::fs::read(m.path.join("part00/3.txt")).unwrap()

@@ -570,9 +570,10 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
     mksquashfs(&bsrc, &b, &[]);
     // The same with two tars.
     let b_tar = gnu_tar(&dir, &bsrc, "gnu", &[]);
-    for b in [b, b_tar] {
-        one_tree_of_two(&dir, &a, &b);
-    }
+    one_tree_of_two(&dir, &a, &b);
+    // Beside a SquashFS image a tar is not merged: its own index is saved.
+    assert!(dir.join("a.tar.archfs-index").exists());
+    one_tree_of_two(&dir, &a, &b_tar);
 
     // WebDataset: a directory of shards.
     let shards = dir.join("shards");
@@ -621,6 +622,17 @@ fn several_archives_and_a_directory_of_shards_show_as_one_tree() {
         1,
         "the union's index beside the shards: {saved:?}"
     );
+    let own = std::fs::read_dir(&shards)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tar.archfs-index")
+        })
+        .count();
+    assert_eq!(own, 0, "the shards' own indexes were saved");
     let dup = |m: &Mount| std::fs::read_to_string(m.path.join("dup.txt")).unwrap();
     let m = Mount::new(&shards, &dir.join("wds"), &[]);
     assert_eq!(dup(&m), "shard 11");
