@@ -222,7 +222,7 @@ struct ServeArgs {
     /// a stat or open by path needs no request. The job's own listings then carry no
     /// attributes, which makes them as fast as a plain directory's (ImageFolder's index).
     /// `auto` does when `--readdirplus always` and the kernel's inodes (1.2 KB an entry)
-    /// fit in a tenth of free memory; `never` does not.
+    /// fit in a quarter of free memory; `never` does not.
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Prelist::Auto)]
     prelist: Prelist,
     /// Compressed tar archives: decoded bytes between the places a read can start

@@ -111,8 +111,8 @@ impl Mount {
         if wanted && !list_ahead {
             tracing::info!(
                 "not listing ahead: the kernel's inodes for {inodes} entries would take more \
-                 than a tenth of the memory available ({} MiB); the job's first lookups \
-                 of each file go to the server",
+                 than a quarter of the memory available ({} MiB); the job's listings carry \
+                 the attributes of what they list instead",
                 available.unwrap_or(0) >> 20
             );
         }
