@@ -258,12 +258,18 @@ impl Filesystem for ArchFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let lister = self.ahead.as_ref().is_some_and(|a| a.is_lister(req.pid()));
+        // Both listing one directory at once: the job's listing, without attributes,
+        // runs ahead and fills the kernel's cache of it, and the lister read on from that
+        // cache and made no inodes (2 M entries "listed" in 1.8 s, and 1.7 M LOOKUPs in
+        // the epoch after). The second to open neither reads nor fills that cache, and
+        // keeps it for the first (KEEP_CACHE).
         match self.vfs.opendir(ino.0, lister) {
+            Ok((fh, true)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             // The lister's listings go to the server even when the kernel has the
             // directory cached from a listing of the job's, which made no inodes (no
             // KEEP_CACHE: the open drops it), and are kept for the job's (CACHE_DIR).
-            Ok(fh) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
-            Ok(fh) => reply.opened(
+            Ok((fh, _)) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
+            Ok((fh, _)) => reply.opened(
                 FileHandle(fh),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),

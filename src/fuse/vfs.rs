@@ -85,12 +85,19 @@ impl Vfs {
     /// (FOPEN_CACHE_DIR) and sends OPENDIR and RELEASEDIR alone for one it has, so a
     /// second walk of 1,000 directories merged from 100 shards each read every one of
     /// them again for nothing (0.35 s against one tar's 0.30 s).
-    pub fn opendir(&self, ino: u64, by_lister: bool) -> Result<u64> {
+    ///
+    /// Also says whether the other side (the job for the lister, the lister for the job)
+    /// has the directory open now.
+    pub fn opendir(&self, ino: u64, by_lister: bool) -> Result<(u64, bool)> {
         if let (true, Some(p)) = (by_lister, &self.push) {
             p.lister_listing(true);
         }
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(
+        let mut dirs = self.dirs.lock();
+        let other = dirs
+            .values()
+            .any(|o| o.ino == ino && o.by_lister != by_lister);
+        dirs.insert(
             fh,
             Opened {
                 ino,
@@ -98,7 +105,7 @@ impl Vfs {
                 by_lister,
             },
         );
-        Ok(fh)
+        Ok((fh, other))
     }
 
     /// Open directory `fh`'s listing, read now if this is its first READDIR. The kernel
