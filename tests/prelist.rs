@@ -90,6 +90,17 @@ fn lookups(
     (served_lookups(&log), served_job_listings(&log))
 }
 
+/// `archfs mount ARCHIVE MNT`, its log at `log` filtered by `filter`.
+fn mount_logged(archive: &Path, mnt: &Path, log: &Path, filter: &str) -> Command {
+    let mut cmd = archfs();
+    cmd.args(["mount", "--log"])
+        .arg(log)
+        .arg(archive)
+        .arg(mnt)
+        .env("ARCHFS_LOG", filter);
+    cmd
+}
+
 /// Children of `parent` that have ended and not been reaped.
 fn zombie_children(parent: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -229,12 +240,7 @@ fn the_jobs_listings_make_no_inodes_and_the_lister_makes_them_all() {
     for _ in 0..10 {
         let _ = std::fs::remove_file(&log);
         run_ok(
-            archfs()
-                .args(["mount", "--log"])
-                .arg(&log)
-                .arg(&tar)
-                .arg(&mnt)
-                .env("ARCHFS_LOG", "info,archfs::warm::prelist=debug")
+            mount_logged(&tar, &mnt, &log, "info,archfs::warm::prelist=debug")
                 .env("ARCHFS_PRELIST_THREADS", "1"),
         );
         // Past the root (listed first, then the last directory), so the job finds every
@@ -331,14 +337,7 @@ fn the_job_listing_beside_the_lister_leaves_no_name_to_look_up() {
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let log = dir.join("server.log");
-    run_ok(
-        archfs()
-            .args(["mount", "--log"])
-            .arg(&log)
-            .arg(&tar)
-            .arg(&mnt)
-            .env("ARCHFS_LOG", "info"),
-    );
+    run_ok(&mut mount_logged(&tar, &mnt, &log, "info"));
     assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), n);
     let want = format!("listed 1 directories ({n} entries) ahead");
     assert!(
