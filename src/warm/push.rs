@@ -76,7 +76,15 @@ struct Batch {
     /// at the push's peak.
     files: Vec<(u64, u64, u64)>,
     read: Vec<AtomicU64>,
+    /// A bit per inode number up to the largest of the batch's, set by a READ, where the
+    /// numbers are dense (at most [`SPARSE`] times as many as the files): a READ marks
+    /// its file without finding where it lies. Finding it took 6% of the server's CPU in
+    /// a cold epoch of 2 M files (`Archive::place`, then a binary search of 2 M places).
+    read_inos: Option<Vec<AtomicU64>>,
 }
+
+/// Inode numbers per file above which a batch marks READs by place, not by number.
+const SPARSE: u64 = 64;
 
 impl Batch {
     /// From (place, file, directory) triples.
@@ -84,29 +92,60 @@ impl Batch {
         files.sort_unstable();
         files.dedup_by_key(|f| f.0);
         files.shrink_to_fit();
-        let read = (0..files.len().div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
-        Batch { files, read }
+        let bits = |n: u64| (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        let read = bits(files.len() as u64);
+        let top = files.iter().map(|f| f.1).max().unwrap_or(0);
+        let read_inos = (top <= SPARSE * files.len() as u64).then(|| bits(top + 1));
+        Batch {
+            files,
+            read,
+            read_inos,
+        }
+    }
+
+    /// A READ asked for `ino`, which lies at `place()`.
+    fn note(&self, ino: u64, place: impl FnOnce() -> u64) {
+        match &self.read_inos {
+            Some(bits) => {
+                if let Some(word) = bits.get((ino / 64) as usize) {
+                    set(word, ino % 64);
+                }
+            }
+            None => self.mark(place()),
+        }
     }
 
     /// The file at `place` was read.
     fn mark(&self, place: u64) {
         if let Ok(i) = self.files.binary_search_by_key(&place, |f| f.0) {
-            let bit = 1u64 << (i % 64);
-            let word = &self.read[i / 64];
-            if word.load(Ordering::Relaxed) & bit == 0 {
-                word.fetch_or(bit, Ordering::Relaxed);
-            }
+            set(&self.read[i / 64], (i % 64) as u64);
         }
     }
 
+    /// Whether file `i` was read or pushed.
     fn is_read(&self, i: usize) -> bool {
-        self.read[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
+        let bit = |bits: &[AtomicU64], n: u64| {
+            bits.get((n / 64) as usize)
+                .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (n % 64)) != 0)
+        };
+        bit(&self.read, i as u64)
+            || self
+                .read_inos
+                .as_ref()
+                .is_some_and(|b| bit(b, self.files[i].1))
     }
 
     fn set_read(&self, i: usize) {
-        self.read[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+        set(&self.read[i / 64], (i % 64) as u64);
+    }
+}
+
+/// Sets bit `n` of `word`, writing only when it is not set yet (a shared line stays
+/// shared while READs of files already marked come).
+fn set(word: &AtomicU64, n: u64) {
+    let bit = 1u64 << n;
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        word.fetch_or(bit, Ordering::Relaxed);
     }
 }
 
@@ -196,7 +235,7 @@ impl Pusher {
             return;
         }
         if let Some(b) = &*self.batch.read() {
-            b.mark(self.archive.place(ino));
+            b.note(ino, || self.archive.place(ino));
         }
     }
 
@@ -404,6 +443,28 @@ mod tests {
         b.mark(7);
         let read: Vec<usize> = (0..b.files.len()).filter(|&i| b.is_read(i)).collect();
         assert_eq!(read, vec![70, 199]);
+    }
+
+    #[test]
+    fn a_batch_marks_reads_by_inode_number_where_the_numbers_are_dense() {
+        // Places descend as inode numbers rise: the push's order is not the numbers'.
+        let files: Vec<_> = (0..200u64).map(|i| (10_000 - i * 7, i + 2, 1)).collect();
+        let b = Batch::new(files);
+        assert!(b.read_inos.is_some());
+        b.note(2, || unreachable!("a dense batch needs no place"));
+        b.note(150, || unreachable!());
+        b.note(5_000, || unreachable!()); // above every number of the batch
+        let read: Vec<u64> = (0..b.files.len())
+            .filter(|&i| b.is_read(i))
+            .map(|i| b.files[i].1)
+            .collect();
+        assert_eq!(read, vec![150, 2], "in the order of places");
+
+        // Sparse numbers: marked by place, the place asked for.
+        let sparse = Batch::new(vec![(10, 1 << 40, 1), (20, 5, 1)]);
+        assert!(sparse.read_inos.is_none());
+        sparse.note(1 << 40, || 10);
+        assert!(sparse.is_read(0) && !sparse.is_read(1));
     }
 
     /// A ustar member: header and data padded to 512 bytes.
