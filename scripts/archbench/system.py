@@ -118,7 +118,8 @@ def hold_guest_memory():
     # All a run may fill: 8 GB (19 s) left the first tool of the 10,000-shard run to pay
     # the host for its pages (page cache, pushed files and kernel inodes of 2 M files, over
     # 10 GB): its cold epoch 36.9 s against the next tool's 26.1 s, 25 s each by hand.
-    n = int(avail * 0.85) // MIB * MIB
+    # At most 32 GB (about 75 s): a larger VM would spend minutes on it.
+    n = int(min(avail * 0.85, 32e9)) // MIB * MIB
     buf = bytearray(n)
     buf[::4096] = bytes(len(range(0, n, 4096)))
     del buf
