@@ -60,9 +60,9 @@ impl<'a> Header<'a> {
     /// The name field joined with the ustar prefix (GNU headers use that space for
     /// other fields).
     pub fn path(&self) -> Vec<u8> {
-        let name = cstr(&self.raw[0..100]);
+        let name = c_str(&self.raw[0..100]);
         if self.dialect() == Dialect::Ustar {
-            let prefix = cstr(&self.raw[345..500]);
+            let prefix = c_str(&self.raw[345..500]);
             if !prefix.is_empty() {
                 let mut p = prefix.to_vec();
                 p.push(b'/');
@@ -74,7 +74,7 @@ impl<'a> Header<'a> {
     }
 
     pub fn link_name(&self) -> Vec<u8> {
-        cstr(&self.raw[157..257]).to_vec()
+        c_str(&self.raw[157..257]).to_vec()
     }
 
     pub fn mode(&self) -> Result<u32> {
@@ -99,9 +99,10 @@ impl<'a> Header<'a> {
         Ok((number(&self.raw[329..337])?, number(&self.raw[337..345])?))
     }
 
-    /// Old GNU sparse header: up to 4 (offset, length) pairs, whether extension blocks
-    /// follow, and the file's real size.
-    pub fn gnu_sparse(&self) -> Result<(SparseMap, bool, u64)> {
+    /// Old GNU sparse header: up to 4 (offset, length) pairs and whether extension
+    /// blocks follow. (Its real size is not the file's: GNU tar extracts as far as the
+    /// map reaches.)
+    pub fn gnu_sparse(&self) -> Result<(SparseMap, bool)> {
         let mut map = Vec::new();
         for i in 0..4 {
             let at = 386 + i * 24;
@@ -113,7 +114,7 @@ impl<'a> Header<'a> {
                 number(&self.raw[at + 12..at + 24])?,
             ));
         }
-        Ok((map, self.raw[482] != 0, number(&self.raw[483..495])?))
+        Ok((map, self.raw[482] != 0))
     }
 }
 
@@ -130,13 +131,18 @@ pub fn gnu_sparse_ext(raw: &[u8; 512]) -> Result<(SparseMap, bool)> {
     Ok((map, raw[504] != 0))
 }
 
-fn cstr(b: &[u8]) -> &[u8] {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    &b[..end]
+/// The length of `b` up to its first NUL: where every extractor ends a name.
+pub fn c_len(b: &[u8]) -> usize {
+    b.iter().position(|&c| c == 0).unwrap_or(b.len())
+}
+
+/// `b` up to its first NUL.
+pub fn c_str(b: &[u8]) -> &[u8] {
+    &b[..c_len(b)]
 }
 
 fn octal(field: &[u8]) -> Result<u64> {
-    let s = cstr(field);
+    let s = c_str(field);
     let s: &[u8] = {
         let start = s.iter().position(|&c| c != b' ').unwrap_or(s.len());
         let end = s.iter().rposition(|&c| c != b' ').map_or(start, |e| e + 1);
@@ -188,34 +194,35 @@ fn signed_number(field: &[u8]) -> Result<i64> {
     number(field).map(|n| n as i64)
 }
 
-/// One `key=value` record of a PAX extended header.
-pub fn pax_records(data: &[u8]) -> Result<Vec<(&[u8], &[u8])>> {
+/// The `key=value` records of a PAX extended header, up to the first malformed one, and
+/// why that one is (GNU tar, too, applies the records before it and goes on).
+pub fn pax_records(data: &[u8]) -> (Vec<(&[u8], &[u8])>, Option<&'static str>) {
     let mut out = Vec::new();
     let mut rest = data;
     while !rest.is_empty() {
         if rest.iter().all(|&b| b == 0) {
             break;
         }
-        let sp = rest
-            .iter()
-            .position(|&b| b == b' ')
-            .ok_or_else(|| Error::corrupt("PAX record without a length"))?;
-        let len: usize = std::str::from_utf8(&rest[..sp])
+        let Some(sp) = rest.iter().position(|&b| b == b' ') else {
+            return (out, Some("a record without a length"));
+        };
+        let Some(len) = std::str::from_utf8(&rest[..sp])
             .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::corrupt("PAX record with a bad length"))?;
+            .and_then(|s| s.parse::<usize>().ok())
+        else {
+            return (out, Some("a record with a bad length"));
+        };
         if len <= sp + 1 || len > rest.len() || rest[len - 1] != b'\n' {
-            return Err(Error::corrupt("PAX record length does not fit"));
+            return (out, Some("a record whose length does not fit"));
         }
         let record = &rest[sp + 1..len - 1];
-        let eq = record
-            .iter()
-            .position(|&b| b == b'=')
-            .ok_or_else(|| Error::corrupt("PAX record without '='"))?;
+        let Some(eq) = record.iter().position(|&b| b == b'=') else {
+            return (out, Some("a record without '='"));
+        };
         out.push((&record[..eq], &record[eq + 1..]));
         rest = &rest[len..];
     }
-    Ok(out)
+    (out, None)
 }
 
 /// A PAX time like `1700000000.123456789` or `-1.5`, as seconds and nanoseconds.
@@ -270,11 +277,15 @@ mod tests {
     #[test]
     fn pax_records_and_times() {
         let data = b"30 mtime=1700000000.123456789\n20 path=a/b c/d.txt\n";
-        let r = pax_records(data).unwrap();
+        let (r, bad) = pax_records(data);
+        assert_eq!(bad, None);
         assert_eq!(r[0].0, b"mtime");
         assert_eq!(pax_time(r[0].1), Some((1_700_000_000, 123_456_789)));
         assert_eq!(r[1].1, b"a/b c/d.txt");
         assert_eq!(pax_time(b"-1.5"), Some((-2, 500_000_000)));
-        assert!(pax_records(b"99 path=x\n").is_err());
+        assert_eq!(pax_records(b"99 path=x\n").1, Some("a record whose length does not fit"));
+        // The records before a malformed one stand.
+        let (r, bad) = pax_records(b"11 path=a\nxx path=b\n");
+        assert_eq!((r, bad), (vec![(&b"path"[..], &b"a"[..])], Some("a record with a bad length")));
     }
 }

@@ -482,7 +482,6 @@ struct Member {
 
 #[derive(Default)]
 struct Sparse {
-    real_size: u64,
     map: Vec<(u64, u64)>,
     /// PAX 1.0 keeps the map at the start of the data.
     map_in_data: bool,
@@ -585,11 +584,14 @@ impl<'a> Builder<'a> {
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
         let mut reader = BlockReader::new(src);
+        // Where blocks that are not headers began, where one was expected: GNU tar and
+        // bsdtar skip them to the next header ("Skipping to next header").
+        let mut damage: Option<u64> = None;
         loop {
             // A stream being decoded learns its length only at its end.
             let end = end.min(src.len_within(pos + BLOCK)?);
             if pos + BLOCK > end {
-                if pos == end {
+                if pos == end || damage.is_some() {
                     break; // no end-of-archive blocks: accepted, like GNU tar
                 }
                 return Err(Error::corrupt(format!(
@@ -603,10 +605,20 @@ impl<'a> Builder<'a> {
                 break;
             }
             if !h.checksum_ok() {
-                return Err(Error::corrupt(format!(
-                    "tar header at offset {pos} has a bad checksum; the archive is damaged \
-                     there (check it with `tar -tvf`)"
-                )));
+                if pos == start {
+                    return Err(Error::corrupt(format!(
+                        "tar header at offset {pos} has a bad checksum; the archive is \
+                         damaged there (check it with `tar -tvf`)"
+                    )));
+                }
+                damage.get_or_insert(pos);
+                (long_name, long_link) = (None, None);
+                local.clear();
+                pos += BLOCK;
+                continue;
+            }
+            if let Some(from) = damage.take() {
+                self.skipped.push(damaged(from, pos));
             }
             // Inside a compressed member, offsets are decoded ones: the member's place in
             // the archive plus what its decoder has read stands for them.
@@ -630,32 +642,61 @@ impl<'a> Builder<'a> {
                 }
                 src.read_vec(data_start, size as usize)
             };
+            let past_data = data_start.saturating_add(size.div_ceil(BLOCK) * BLOCK);
             match typeflag {
-                b'x' | b'g' => {
+                // `X`: Solaris' and star's extended header, read as POSIX's `x`.
+                b'x' | b'X' | b'g' => {
                     let data = read_meta("PAX header")?;
-                    let recs: Vec<(Vec<u8>, Vec<u8>)> = header::pax_records(&data)?
-                        .into_iter()
-                        .map(|(k, v)| (k.to_vec(), v.to_vec()))
-                        .collect();
-                    if typeflag == b'x' {
-                        local.extend(recs);
-                    } else {
-                        global.extend(recs);
+                    let (recs, bad) = header::pax_records(&data);
+                    if let Some(why) = bad {
+                        // GNU tar applies the records before a malformed one and goes on.
+                        self.skipped.push(format!(
+                            "the rest of the PAX header at offset {pos} ({why}), as tar -x does"
+                        ));
                     }
-                    pos = data_start + size.div_ceil(BLOCK) * BLOCK;
+                    let recs = recs.into_iter().map(|(k, v)| (k.to_vec(), v.to_vec()));
+                    if typeflag == b'g' {
+                        global.extend(recs);
+                    } else {
+                        // A second `x` before a member replaces the first, for GNU tar
+                        // and bsdtar alike.
+                        local = recs.collect();
+                    }
+                    pos = past_data;
                     continue;
                 }
                 b'L' | b'K' => {
+                    // A name ends at its first NUL, as every extractor reads it.
                     let mut data = read_meta("GNU long name")?;
-                    while data.last() == Some(&0) {
-                        data.pop();
-                    }
+                    data.truncate(header::c_len(&data));
                     if typeflag == b'L' {
                         long_name = Some(data);
                     } else {
                         long_link = Some(data);
                     }
-                    pos = data_start + size.div_ceil(BLOCK) * BLOCK;
+                    pos = past_data;
+                    continue;
+                }
+                // A GNU volume label names the archive, not a member; the rest of a file
+                // continued from another volume cannot stand alone. GNU tar extracts
+                // neither and skips their data.
+                b'V' | b'M' => {
+                    if typeflag == b'M' {
+                        let name = long_name.take().unwrap_or_else(|| h.path());
+                        self.skipped.push(format!(
+                            "{}: continued from another volume of a multi-volume archive",
+                            String::from_utf8_lossy(&name)
+                        ));
+                    }
+                    (long_name, long_link) = (None, None);
+                    local.clear();
+                    if data_start.saturating_add(size) > end {
+                        return Err(Error::corrupt(format!(
+                            "tar archive is truncated: the header at offset {pos} has {size} \
+                             bytes of data, more than the archive holds"
+                        )));
+                    }
+                    pos = past_data;
                     continue;
                 }
                 _ => {}
@@ -675,7 +716,7 @@ impl<'a> Builder<'a> {
             };
             let mut data_pos = data_start;
             if typeflag == b'S' {
-                let (mut map, mut more, real) = h.gnu_sparse()?;
+                let (mut map, mut more) = h.gnu_sparse()?;
                 while more {
                     // Each 512-byte extension block adds 21 entries: the map is bounded
                     // by the archive, not by a count.
@@ -689,20 +730,31 @@ impl<'a> Builder<'a> {
                     data_pos += BLOCK;
                 }
                 m.sparse = Some(Sparse {
-                    real_size: real,
                     map,
                     map_in_data: false,
                 });
             }
             self.apply_pax(&mut m, global.iter().chain(local.iter()))?;
             local.clear();
+            // Old archives mark a directory by a trailing `/` on a file's name; GNU tar
+            // and bsdtar read it so, with no data whatever its size field says.
+            if matches!(m.typeflag, b'0' | 0 | b'7') && m.path.last() == Some(&b'/') {
+                m.typeflag = b'5';
+            }
             let stored = m.size;
-            let has_data = matches!(typeflag, b'0' | 0 | b'7' | b'S' | b'D')
-                || !matches!(typeflag, b'1'..=b'6');
+            // Links, devices, FIFOs and directories have no data, whatever their size
+            // field says: GNU tar and bsdtar read the next header right after theirs.
+            let has_data = !matches!(m.typeflag, b'1'..=b'6');
             if has_data && stored > end.saturating_sub(data_pos) {
+                // A stream being decoded does not know its end yet: `end` is not it.
+                let ends = if end >= u64::MAX >> 1 {
+                    "the archive is shorter".to_string()
+                } else {
+                    format!("the archive ends at {end}")
+                };
                 return Err(Error::corrupt(format!(
                     "tar archive is truncated: member {:?} needs {stored} bytes at offset \
-                     {data_pos}, the archive ends at {end}",
+                     {data_pos}, {ends}",
                     String::from_utf8_lossy(&m.path)
                 )));
             }
@@ -717,6 +769,9 @@ impl<'a> Builder<'a> {
             };
             self.add_member(src, m, data_pos, stored, prefix, depth)?;
             pos = next;
+        }
+        if let Some(from) = damage {
+            self.skipped.push(damaged(from, pos));
         }
         Ok(())
     }
@@ -733,8 +788,8 @@ impl<'a> Builder<'a> {
         let mut map00: Vec<u64> = Vec::new();
         for (k, v) in records {
             match k.as_slice() {
-                b"path" => m.path = v.clone(),
-                b"linkpath" => m.link = v.clone(),
+                b"path" => m.path = header::c_str(v).to_vec(),
+                b"linkpath" => m.link = header::c_str(v).to_vec(),
                 b"size" => m.size = header::pax_number(v).unwrap_or(m.size),
                 b"uid" => m.uid = header::pax_number(v).unwrap_or(m.uid),
                 b"gid" => m.gid = header::pax_number(v).unwrap_or(m.gid),
@@ -744,7 +799,7 @@ impl<'a> Builder<'a> {
                         m.mtime_nsec = ns;
                     }
                 }
-                b"GNU.sparse.name" => sparse_name = Some(v.clone()),
+                b"GNU.sparse.name" => sparse_name = Some(header::c_str(v).to_vec()),
                 b"GNU.sparse.major" => sparse_major = header::pax_number(v),
                 b"GNU.sparse.size" | b"GNU.sparse.realsize" => real_size = header::pax_number(v),
                 b"GNU.sparse.map" => map01 = Some(v.clone()),
@@ -765,11 +820,9 @@ impl<'a> Builder<'a> {
         if let Some(name) = sparse_name {
             m.path = name;
         }
-        if let Some(real) = real_size {
-            let mut sp = Sparse {
-                real_size: real,
-                ..Sparse::default()
-            };
+        // The real size marks a sparse member; its size is where its map ends.
+        if real_size.is_some() {
+            let mut sp = Sparse::default();
             if sparse_major == Some(1) {
                 sp.map_in_data = true;
             } else if let Some(map) = map01 {
@@ -899,6 +952,8 @@ impl<'a> Builder<'a> {
                 return Ok(());
             }
             Kind::Symlink => {
+                // Linux has no mode of a symlink's own: every extractor shows 0777.
+                node.mode = 0o777;
                 node.data = self.links.len() as u64;
                 node.aux = m.link.len() as u32;
                 node.size = m.link.len() as u64;
@@ -906,7 +961,18 @@ impl<'a> Builder<'a> {
             }
             Kind::BlockDev | Kind::CharDev => node.rdev = m.rdev,
             Kind::File => match m.sparse.take() {
-                Some(sp) => self.sparse_file(src, &mut node, sp, data_pos, stored, &display)?,
+                Some(sp) => {
+                    match self.sparse_file(src, &mut node, sp, data_pos, stored, &display) {
+                        Ok(()) => {}
+                        // A map that contradicts itself spoils this member, not the
+                        // archive: its data's extent comes from the header.
+                        Err(Error::Corrupt(why)) => {
+                            self.skipped.push(format!("{display}: {why}"));
+                            return Ok(());
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 None => {
                     node.size = stored;
                     node.data = self.body | data_pos;
@@ -1032,8 +1098,8 @@ impl<'a> Builder<'a> {
         let mut at = data_pos;
         let mut last_end = 0u64;
         for &(offset, len) in &sp.map {
-            let end = offset.checked_add(len);
-            if end.is_none_or(|e| e > sp.real_size) || offset < last_end {
+            if offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) || offset < last_end
+            {
                 return Err(Error::corrupt(format!(
                     "sparse map of {display} is inconsistent"
                 )));
@@ -1054,7 +1120,11 @@ impl<'a> Builder<'a> {
             )));
         }
         node.flags |= SPARSE;
-        node.size = sp.real_size;
+        // GNU tar makes the file as long as its map reaches (a writer ends a map on a hole
+        // with an empty region at the file's end), whatever size the header claims: a
+        // claim of 2^63 - 1 bytes over a 3-byte map gives 3 bytes, not a size that
+        // cannot be read.
+        node.size = last_end;
         node.data = first;
         node.aux = (self.segments.len() as u64 - first) as u32;
         Ok(())
@@ -1068,8 +1138,63 @@ impl<'a> Builder<'a> {
         (self.xattrs.len() - 1) as u32
     }
 
-    /// Sorts and deduplicates the entries (a later member wins), resolves hard links,
-    /// and counts links.
+    /// Resolves each hard link as `tar -x` makes it: to what its target names at that
+    /// point of the archive, in archive order. So a link to a member given again later
+    /// keeps the earlier one's data, a link to itself (as `tar -u` writes) or to what its
+    /// name already is changes nothing, and a link to a member that comes later, is
+    /// not there, or is a directory is left out (GNU tar and bsdtar fail to make it),
+    /// leaving what its name was before. `entries` are sorted by (parent, name, seq);
+    /// a link that is left out gets `NONE`.
+    fn resolve_links(&mut self, entries: &mut [RawEntry]) {
+        let mut links: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].link.is_some())
+            .collect();
+        if links.is_empty() {
+            return;
+        }
+        links.sort_by_key(|&i| entries[i].seq);
+        // What (parent, name) named just before `seq`: the last version made before it
+        // (links left out made nothing).
+        let before = |entries: &[RawEntry], parent: u32, name: &[u8], seq: u64| {
+            let end = entries.partition_point(|e| {
+                (e.parent, e.name.as_slice(), e.seq) < (parent, name, seq)
+            });
+            entries[..end]
+                .iter()
+                .rev()
+                .take_while(|e| e.parent == parent && e.name == name)
+                .find(|e| e.node != NONE)
+                .map(|e| e.node)
+        };
+        for i in links {
+            let (seq, target) = (entries[i].seq, entries[i].link.take().unwrap_or_default());
+            let mut node = Some(ROOT);
+            for c in target.split(|&b| b == b'/') {
+                node = node
+                    .filter(|&n| kind_of(self.nodes[n as usize].kind) == Kind::Dir)
+                    .and_then(|dir| before(entries, dir, c, seq));
+            }
+            let shown = String::from_utf8_lossy(&target);
+            let name = String::from_utf8_lossy(&entries[i].name).into_owned();
+            match node {
+                Some(n) if kind_of(self.nodes[n as usize].kind) != Kind::Dir => {
+                    entries[i].node = n
+                }
+                Some(_) => {
+                    // GNU tar counts a directory's link to itself as done; to another
+                    // directory, link(2) refuses it.
+                    if before(entries, entries[i].parent, &entries[i].name, seq) != node {
+                        self.skipped
+                            .push(format!("{name}: hard link to the directory {shown}"));
+                    }
+                }
+                None => self.skipped.push(format!(
+                    "{name}: hard link to {shown}, which is not in the archive before it"
+                )),
+            }
+        }
+    }
+
     /// For a stream whose length was not known during the scan: every member's data
     /// must lie within its `len` bytes.
     pub fn check_within(&self, len: u64) -> Result<()> {
@@ -1082,12 +1207,18 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// Resolves hard links, keeps the last member of each name (a later one replaces an
+    /// earlier, as `tar -x` does), sorts the entries and counts links.
     pub fn finish(mut self) -> Index {
         let mut entries = std::mem::take(&mut self.entries);
         entries.sort_by(|a, b| (a.parent, &a.name, a.seq).cmp(&(b.parent, &b.name, b.seq)));
-        // Keep the last of each (parent, name).
+        self.resolve_links(&mut entries);
+        // Keep the last of each (parent, name): a later member replaces an earlier one.
         let mut kept: Vec<RawEntry> = Vec::with_capacity(entries.len());
         for e in entries {
+            if e.node == NONE {
+                continue; // a hard link that tar -x could not make, logged above
+            }
             if let Some(last) = kept.last_mut() {
                 if last.parent == e.parent && last.name == e.name {
                     *last = e;
@@ -1096,50 +1227,6 @@ impl<'a> Builder<'a> {
             }
             kept.push(e);
         }
-        // Hard links, resolved by walking the sorted entries (links to links too).
-        let lookup = |kept: &[RawEntry], parent: u32, name: &[u8]| -> Option<usize> {
-            kept.binary_search_by(|e| (e.parent, e.name.as_slice()).cmp(&(parent, name)))
-                .ok()
-        };
-        for i in 0..kept.len() {
-            if kept[i].link.is_none() {
-                continue;
-            }
-            let mut target = kept[i].link.clone();
-            let mut resolved = NONE;
-            for _ in 0..16 {
-                let Some(t) = target.take() else { break };
-                let mut dir = ROOT;
-                let mut found = None;
-                let comps: Vec<&[u8]> = t.split(|&b| b == b'/').collect();
-                for (ci, c) in comps.iter().enumerate() {
-                    match lookup(&kept, dir, c) {
-                        Some(j) if ci + 1 == comps.len() => found = Some(j),
-                        Some(j) => dir = kept[j].node,
-                        None => break,
-                    }
-                }
-                match found {
-                    Some(j) if kept[j].link.is_some() && j != i => target = kept[j].link.clone(),
-                    Some(j) if kept[j].node != NONE => resolved = kept[j].node,
-                    _ => {}
-                }
-            }
-            if resolved != NONE && kind_of(self.nodes[resolved as usize].kind) != Kind::Dir {
-                kept[i].node = resolved;
-                kept[i].link = None;
-            }
-        }
-        let skipped = &mut self.skipped;
-        kept.retain(|e| {
-            if e.node == NONE {
-                skipped.push(format!(
-                    "{}: hard link to a member that is not in the archive",
-                    String::from_utf8_lossy(&e.name)
-                ));
-            }
-            e.node != NONE
-        });
         // Names end to end; children ranges; link counts.
         let mut names = Vec::new();
         let mut name_end = Vec::with_capacity(kept.len());
@@ -1290,6 +1377,16 @@ fn base64(s: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(&bytes[..chunk.len().saturating_sub(1)]);
     }
     Some(out)
+}
+
+/// The log line for the blocks in `[from, to)` that were skipped for not being headers.
+fn damaged(from: u64, to: u64) -> String {
+    format!(
+        "{} bytes at offset {from} where a tar header should be (a damaged header, or data \
+         its size field left out), up to the next header, as tar -x does; \
+         `tar -tvf` shows the place",
+        to - from
+    )
 }
 
 /// Whether a member's data starts with a valid tar header.

@@ -18,12 +18,14 @@ use crate::error::Result;
 use crate::source::Source;
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
-/// 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
+/// 6: hard links resolved in archive order, old-style directories, symlinks 0777, sparse
+/// sizes where the map ends (the same layout; indexes of 5 showed those members as
+/// tar -x does not); 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
 /// inside the archive in that section; 3: a section for the decoder's entry points; 2:
 /// packed columns (1 had fixed 56-byte nodes and 16-byte entries).
 ///
 /// [`Storage::place_id`]: crate::source::Storage::place_id
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
