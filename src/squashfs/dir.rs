@@ -2,8 +2,6 @@
 //! inode number base, sorted by name; large directories carry an index of the listing so
 //! a lookup starts near its name instead of scanning from the top.
 
-use std::cmp::Ordering;
-
 use super::inode::{Body, DirInode};
 use super::metadata::{Cursor, BLOCK_SIZE};
 use super::superblock::{u16_at, u32_at};
@@ -160,6 +158,7 @@ impl SquashFs {
             let mut r = Records {
                 bytes: Vec::with_capacity(len as usize),
                 at: Vec::new(),
+                sorted: true,
             };
             let c = self.cursor(
                 self.sb.dir_table + u64::from(dir.block),
@@ -171,6 +170,11 @@ impl SquashFs {
             })?;
             Ok(Table::new(r))
         })?;
+        if !table.sorted {
+            // Where the kernel's scan and a table could differ (a name twice, names out
+            // of order), its scan decides.
+            return self.scan_dir(&dir, name);
+        }
         Ok(table.find(name))
     }
 
@@ -205,15 +209,15 @@ impl SquashFs {
             .ok_or_else(|| Error::corrupt("directory index points past its listing"))?;
         let offset = (skipped as usize + usize::from(dir.offset)) % BLOCK_SIZE;
         let mut found = None;
+        // The kernel's rule (namei.c), which decides for a listing out of order or with a
+        // name twice (a hostile image): the first entry of the name from where the index
+        // points, and no further than the first entry whose first byte is past the name's.
         walk(self.cursor(block, offset), remaining, |e| {
-            Ok(match e.name.cmp(name) {
-                Ordering::Less => true,
-                Ordering::Equal => {
-                    found = Some(e.inode_ref);
-                    false
-                }
-                Ordering::Greater => false,
-            })
+            if e.name == name {
+                found = Some(e.inode_ref);
+                return Ok(false);
+            }
+            Ok(e.name.first() <= name.first())
         })?;
         Ok(found)
     }
@@ -227,6 +231,8 @@ pub struct Table {
     records: Vec<u8>,
     /// Record positions by name.
     index: NameIndex,
+    /// Whether every name is greater than the one before, as mksquashfs writes them.
+    sorted: bool,
 }
 
 /// The name of the record at `at`.
@@ -240,10 +246,14 @@ fn name_at(records: &[u8], at: usize) -> &[u8] {
 struct Records {
     bytes: Vec<u8>,
     at: Vec<u32>,
+    sorted: bool,
 }
 
 impl Records {
     fn push(&mut self, inode_ref: u64, name: &[u8]) {
+        if let Some(&last) = self.at.last() {
+            self.sorted &= name_at(&self.bytes, last as usize) < name;
+        }
         // A listing is at most 4 GiB (its size is a u32), names at most 256 bytes.
         self.at.push(self.bytes.len() as u32);
         self.bytes.push((name.len() - 1) as u8);
@@ -259,6 +269,7 @@ impl Table {
         Table {
             records: r.bytes,
             index,
+            sorted: r.sorted,
         }
     }
 
@@ -295,7 +306,10 @@ mod tests {
             })
             .collect();
         let want = |i: usize| (i as u64) << 16 | 0xffff_0000_0000;
-        let mut r = Records::default();
+        let mut r = Records {
+            sorted: true,
+            ..Records::default()
+        };
         for (i, n) in names.iter().enumerate() {
             r.push(want(i), n);
         }

@@ -184,8 +184,28 @@ impl Archive for SquashFs {
 
     fn read_dir(&self, dir: u64) -> Result<Vec<DirEntry>> {
         let d = self.dir_inode(dir)?;
-        Ok(self
-            .list_dir(&d)?
+        let mut entries = self.list_dir(&d)?;
+        // A name given twice (a hostile image) is listed twice, as the kernel lists it,
+        // each time as the entry a lookup of it finds: a listing that carries attributes
+        // (READDIRPLUS) must not hand the kernel the other one.
+        let sorted = entries.windows(2).all(|w| w[0].name < w[1].name);
+        if !sorted {
+            let mut seen = std::collections::HashSet::new();
+            let twice: std::collections::HashSet<Vec<u8>> = entries
+                .iter()
+                .filter(|e| !seen.insert(e.name.as_slice()))
+                .map(|e| e.name.clone())
+                .collect();
+            for e in entries.iter_mut().filter(|e| twice.contains(&e.name)) {
+                if let Some(found) = self.find_in_dir(self.to_ref(dir), &e.name)? {
+                    let kind = self
+                        .make_attr(self.to_ino(found), &self.inode(found)?)?
+                        .kind;
+                    (e.inode_ref, e.kind) = (found, kind);
+                }
+            }
+        }
+        Ok(entries
             .into_iter()
             .map(|e| DirEntry {
                 ino: self.to_ino(e.inode_ref),

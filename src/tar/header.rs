@@ -283,9 +283,18 @@ mod tests {
         assert_eq!(pax_time(r[0].1), Some((1_700_000_000, 123_456_789)));
         assert_eq!(r[1].1, b"a/b c/d.txt");
         assert_eq!(pax_time(b"-1.5"), Some((-2, 500_000_000)));
-        assert_eq!(pax_records(b"99 path=x\n").1, Some("a record whose length does not fit"));
+        assert_eq!(
+            pax_records(b"99 path=x\n").1,
+            Some("a record whose length does not fit")
+        );
         // The records before a malformed one stand.
-        let (r, bad) = pax_records(b"11 path=a\nxx path=b\n");
-        assert_eq!((r, bad), (vec![(&b"path"[..], &b"a"[..])], Some("a record with a bad length")));
+        let (r, bad) = pax_records(b"10 path=a\nxx path=b\n");
+        assert_eq!(
+            (r, bad),
+            (
+                vec![(&b"path"[..], &b"a"[..])],
+                Some("a record with a bad length")
+            )
+        );
     }
 }

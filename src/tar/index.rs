@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 use crate::source::Source;
 
 pub const NONE: u32 = u32::MAX;
+/// An entry that removes what its name held (a hard link to a directory, which
+/// extractors fail to make after removing the file in its way).
+const GONE: u32 = u32::MAX - 1;
 pub const ROOT: u32 = 0;
 
 /// Node flags.
@@ -1098,8 +1101,7 @@ impl<'a> Builder<'a> {
         let mut at = data_pos;
         let mut last_end = 0u64;
         for &(offset, len) in &sp.map {
-            if offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) || offset < last_end
-            {
+            if offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) || offset < last_end {
                 return Err(Error::corrupt(format!(
                     "sparse map of {display} is inconsistent"
                 )));
@@ -1156,15 +1158,15 @@ impl<'a> Builder<'a> {
         // What (parent, name) named just before `seq`: the last version made before it
         // (links left out made nothing).
         let before = |entries: &[RawEntry], parent: u32, name: &[u8], seq: u64| {
-            let end = entries.partition_point(|e| {
-                (e.parent, e.name.as_slice(), e.seq) < (parent, name, seq)
-            });
+            let end = entries
+                .partition_point(|e| (e.parent, e.name.as_slice(), e.seq) < (parent, name, seq));
             entries[..end]
                 .iter()
                 .rev()
                 .take_while(|e| e.parent == parent && e.name == name)
                 .find(|e| e.node != NONE)
                 .map(|e| e.node)
+                .filter(|&n| n != GONE)
         };
         for i in links {
             let (seq, target) = (entries[i].seq, entries[i].link.take().unwrap_or_default());
@@ -1177,15 +1179,18 @@ impl<'a> Builder<'a> {
             let shown = String::from_utf8_lossy(&target);
             let name = String::from_utf8_lossy(&entries[i].name).into_owned();
             match node {
-                Some(n) if kind_of(self.nodes[n as usize].kind) != Kind::Dir => {
-                    entries[i].node = n
-                }
+                Some(n) if kind_of(self.nodes[n as usize].kind) != Kind::Dir => entries[i].node = n,
                 Some(_) => {
-                    // GNU tar counts a directory's link to itself as done; to another
-                    // directory, link(2) refuses it.
-                    if before(entries, entries[i].parent, &entries[i].name, seq) != node {
+                    // GNU tar counts a directory's link to itself as done. To another
+                    // directory link(2) refuses it, after GNU tar and bsdtar have
+                    // removed the file the name held.
+                    let was = before(entries, entries[i].parent, &entries[i].name, seq);
+                    if was != node {
                         self.skipped
                             .push(format!("{name}: hard link to the directory {shown}"));
+                        if was.is_some_and(|n| kind_of(self.nodes[n as usize].kind) != Kind::Dir) {
+                            entries[i].node = GONE;
+                        }
                     }
                 }
                 None => self.skipped.push(format!(
@@ -1227,6 +1232,7 @@ impl<'a> Builder<'a> {
             }
             kept.push(e);
         }
+        kept.retain(|e| e.node != GONE);
         // Names end to end; children ranges; link counts.
         let mut names = Vec::new();
         let mut name_end = Vec::with_capacity(kept.len());

@@ -4,6 +4,7 @@
 
 pub mod huge;
 pub mod proxy;
+pub mod rawtar;
 pub mod s3;
 pub mod suite;
 pub mod tree;

@@ -57,6 +57,9 @@ pub struct CompareOpts {
     pub owners: bool,
     /// Compare regular-file contents.
     pub content: bool,
+    /// Compare directories' mtimes (GNU tar sets one when the archive leaves the
+    /// directory: where members come out of tree order, it is the extraction's time).
+    pub dir_mtime: bool,
     /// Compare mtime/mode/owner of the top directory itself; a mount point's
     /// root often takes these from elsewhere (e.g. mount options).
     pub root_attrs: bool,
@@ -69,6 +72,7 @@ impl Default for CompareOpts {
             dir_nlink: true,
             owners: true,
             content: true,
+            dir_mtime: true,
             root_attrs: false,
         }
     }
@@ -836,7 +840,7 @@ impl Comparer<'_> {
             let msg = format!("uid:gid {}:{} != {}:{}", e.uid(), e.gid(), a.uid(), a.gid());
             self.diff(rel, msg);
         }
-        if top_attrs && e.mtime() != a.mtime() {
+        if top_attrs && (!is_dir || self.opts.dir_mtime) && e.mtime() != a.mtime() {
             self.diff(rel, format!("mtime {} != {}", e.mtime(), a.mtime()));
         }
         if (!is_dir || self.opts.dir_nlink) && e.nlink() != a.nlink() {
