@@ -59,6 +59,12 @@ const READ_SIZE: u32 = 1 << 20;
 /// format forbids) is reported and not entered again.
 pub fn check(archive: &dyn Archive, limits: Limits) -> Report {
     let mut r = Report::default();
+    for line in archive.left_out() {
+        r.damage_count += 1;
+        if r.damaged.len() < limits.reports {
+            r.damaged.push(format!("left out: {line}"));
+        }
+    }
     let mut seen_dirs = HashSet::new();
     let mut stack = vec![(ROOT_INO, b"/".to_vec())];
     seen_dirs.insert(ROOT_INO);

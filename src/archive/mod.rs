@@ -137,6 +137,11 @@ pub trait Archive: Send + Sync {
     /// One past the largest inode number this archive hands out: a union numbers its
     /// members' inodes one after another from it.
     fn ino_end(&self) -> u64;
+    /// Members the archive holds but does not show, one line each (a hard link tar -x
+    /// cannot make, a damaged header skipped): `archfs check` counts them as damage.
+    fn left_out(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The byte ranges of the archive files that serving reads touches, metadata first.
     fn extents(&self) -> Vec<Extent>;
     /// `--preload` of a compressed archive: decode all of it in the background into a

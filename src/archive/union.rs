@@ -292,6 +292,10 @@ impl Archive for Union {
         format!("union of {} archives", self.members.len())
     }
 
+    fn left_out(&self) -> Vec<String> {
+        self.members.iter().flat_map(|m| m.left_out()).collect()
+    }
+
     fn attr(&self, ino: u64) -> Result<Attr> {
         if let Some(d) = self.merged(ino) {
             let (m, mino) = self.part_of(*d.parts.last().ok_or(Error::NotFound)?);

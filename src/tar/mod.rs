@@ -166,9 +166,7 @@ impl TarArchive {
         b.scan(source.as_ref(), 0, len, &[], 0)?;
         let nested = b.take_bodies();
         let index = b.finish();
-        for s in &index.skipped {
-            tracing::warn!("{}: skipped {s}", source.path().display());
-        }
+        say_left_out(Some(source.path()), &index.skipped);
         TarArchive::from_index(Body::Plain(source), nested, how, index)
     }
 
@@ -190,9 +188,7 @@ impl TarArchive {
             b.check_within(points.len())?;
             (b.finish(), points)
         };
-        for s in &index.skipped {
-            tracing::warn!("{}: skipped {s}", source.path().display());
-        }
+        say_left_out(Some(source.path()), &index.skipped);
         let decoded = Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())?;
         TarArchive::from_index(Body::Decoded(Box::new(decoded)), Vec::new(), how, index)
     }
@@ -349,7 +345,36 @@ impl TarArchive {
     }
 }
 
+/// Logs what an index left out: the first lines, and how many more `archfs check` lists.
+/// A union's lines name their member already (`archive` is `None`).
+pub(crate) fn say_left_out(archive: Option<&Path>, lines: &[String]) {
+    const SHOWN: usize = 20;
+    let on = archive
+        .map(|p| format!("{}: ", p.display()))
+        .unwrap_or_default();
+    for s in lines.iter().take(SHOWN) {
+        tracing::warn!("{on}skipped {s}");
+    }
+    if lines.len() > SHOWN {
+        let more = lines.len() - SHOWN;
+        tracing::warn!("{on}skipped {more} more members (`archfs check` lists them)");
+    }
+}
+
 impl Archive for TarArchive {
+    /// Each line names its archive: a merged union's name their member already.
+    fn left_out(&self) -> Vec<String> {
+        if !self.starts.is_empty() {
+            return self.index.skipped.clone();
+        }
+        let name = self.body.source().path().display().to_string();
+        self.index
+            .skipped
+            .iter()
+            .map(|s| format!("{name}: {s}"))
+            .collect()
+    }
+
     fn format(&self) -> String {
         let codec = match &self.body {
             Body::Plain(_) => String::new(),
@@ -593,6 +618,7 @@ pub fn open_unsaved(
     match saved {
         Ok((index, (points, nested))) => {
             tracing::info!("using the saved index {}", path.display());
+            say_left_out(Some(source.path()), &index.skipped);
             let body = match (codec, points) {
                 (Some(codec), Some(points)) => Body::Decoded(Box::new(Decoded::new(
                     source,

@@ -19,13 +19,17 @@ use crate::source::Source;
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
 /// 6: hard links resolved in archive order, old-style directories, symlinks 0777, sparse
-/// sizes where the map ends (the same layout; indexes of 5 showed those members as
-/// tar -x does not); 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
+/// sizes where the map ends (indexes of 5 showed those members as tar -x does not), and
+/// what was left out, at the end; 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
 /// inside the archive in that section; 3: a section for the decoder's entry points; 2:
 /// packed columns (1 had fixed 56-byte nodes and 16-byte entries).
 ///
 /// [`Storage::place_id`]: crate::source::Storage::place_id
 const VERSION: u32 = 6;
+
+/// Lines of what the index left out that are saved with it: a hostile archive may have
+/// a million members with `..` in their names.
+const MAX_LEFT_OUT: usize = 1000;
 
 /// What ties an index to one version of one archive built with one set of options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +245,12 @@ fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
             o.bytes(v);
         }
     }
+    // What was left out, so a remount says it again and `archfs check` finds it.
+    let left_out = &ix.skipped[..ix.skipped.len().min(MAX_LEFT_OUT)];
+    o.u64(left_out.len() as u64);
+    for line in left_out {
+        o.bytes(line.as_bytes());
+    }
     let crc = crc32fast::hash(&o.0);
     o.u32(crc);
     o.0
@@ -433,6 +443,11 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
         }
         xattrs.push(set);
     }
+    let n = r.count(8)?;
+    let mut skipped = Vec::with_capacity(n);
+    for _ in 0..n {
+        skipped.push(String::from_utf8(r.bytes()?).ok()?);
+    }
     Some(Index {
         nodes,
         size,
@@ -451,7 +466,7 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
         sparse,
         segments,
         xattrs,
-        skipped: Vec::new(),
+        skipped,
     })
 }
 

@@ -54,7 +54,7 @@ impl TarArchive {
         let parts: Vec<(&Index, u64)> = indexes.iter().zip(starts.iter().copied()).collect();
         let merged = merge::merge(&parts);
         drop(parts);
-        let index = match merged {
+        let mut index = match merged {
             Ok(index) => index,
             Err(Error::Unsupported(_)) => {
                 for (m, ix) in members.iter_mut().zip(indexes) {
@@ -64,6 +64,16 @@ impl TarArchive {
             }
             Err(e) => return Err(e),
         };
+        // Each member said what it left out when it was indexed; the union keeps it for
+        // `archfs check` and its next mount, by member.
+        index.skipped = members
+            .iter()
+            .zip(&indexes)
+            .flat_map(|(m, ix)| {
+                let name = m.body.source().path().display().to_string();
+                ix.skipped.iter().map(move |s| format!("{name}: {s}"))
+            })
+            .collect();
         drop(indexes);
         if let Some(path) = save {
             if let Err(e) = save_union(path, &index, &members, recursive) {
@@ -144,6 +154,7 @@ impl TarArchive {
             return None;
         }
         tracing::info!("using the union's saved index {}", path.display());
+        super::say_left_out(None, &index.skipped);
         let body = bodies.remove(0);
         Some(TarArchive {
             body,
