@@ -194,9 +194,12 @@ fn signed_number(field: &[u8]) -> Result<i64> {
     number(field).map(|n| n as i64)
 }
 
+/// A PAX record's key and value.
+pub type PaxRecord<'a> = (&'a [u8], &'a [u8]);
+
 /// The `key=value` records of a PAX extended header, up to the first malformed one, and
 /// why that one is (GNU tar, too, applies the records before it and goes on).
-pub fn pax_records(data: &[u8]) -> (Vec<(&[u8], &[u8])>, Option<&'static str>) {
+pub fn pax_records(data: &[u8]) -> (Vec<PaxRecord<'_>>, Option<&'static str>) {
     let mut out = Vec::new();
     let mut rest = data;
     while !rest.is_empty() {

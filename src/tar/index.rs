@@ -1143,10 +1143,11 @@ impl<'a> Builder<'a> {
     /// Resolves each hard link as `tar -x` makes it: to what its target names at that
     /// point of the archive, in archive order. So a link to a member given again later
     /// keeps the earlier one's data, a link to itself (as `tar -u` writes) or to what its
-    /// name already is changes nothing, and a link to a member that comes later, is
-    /// not there, or is a directory is left out (GNU tar and bsdtar fail to make it),
-    /// leaving what its name was before. `entries` are sorted by (parent, name, seq);
-    /// a link that is left out gets `NONE`.
+    /// name already is changes nothing, and a link to a member that comes later or is not
+    /// there is left out (GNU tar and bsdtar fail to make it), its name keeping what it
+    /// held; a link to a directory fails too, after the extractors removed the file its
+    /// name held. `entries` are sorted by (parent, name, seq); each link gets the node
+    /// its name holds from then on (`NONE`: nothing, `GONE`: removed).
     fn resolve_links(&mut self, entries: &mut [RawEntry]) {
         let mut links: Vec<usize> = (0..entries.len())
             .filter(|&i| entries[i].link.is_some())
@@ -1155,48 +1156,46 @@ impl<'a> Builder<'a> {
             return;
         }
         links.sort_by_key(|&i| entries[i].seq);
-        // What (parent, name) named just before `seq`: the last version made before it
-        // (links left out made nothing).
+        // What (parent, name) held just before `seq`: the last version made before it,
+        // links before it resolved already (one step: a million failed links to one
+        // name cost no more than one).
         let before = |entries: &[RawEntry], parent: u32, name: &[u8], seq: u64| {
             let end = entries
                 .partition_point(|e| (e.parent, e.name.as_slice(), e.seq) < (parent, name, seq));
-            entries[..end]
-                .iter()
-                .rev()
-                .take_while(|e| e.parent == parent && e.name == name)
-                .find(|e| e.node != NONE)
-                .map(|e| e.node)
-                .filter(|&n| n != GONE)
+            let e = entries[..end].last()?;
+            (e.parent == parent && e.name == name).then_some(e.node)
         };
+        let held = |node: Option<u32>| node.filter(|&n| n != NONE && n != GONE);
         for i in links {
             let (seq, target) = (entries[i].seq, entries[i].link.take().unwrap_or_default());
             let mut node = Some(ROOT);
             for c in target.split(|&b| b == b'/') {
                 node = node
                     .filter(|&n| kind_of(self.nodes[n as usize].kind) == Kind::Dir)
-                    .and_then(|dir| before(entries, dir, c, seq));
+                    .and_then(|dir| held(before(entries, dir, c, seq)));
             }
+            let was = before(entries, entries[i].parent, &entries[i].name, seq);
             let shown = String::from_utf8_lossy(&target);
             let name = String::from_utf8_lossy(&entries[i].name).into_owned();
-            match node {
-                Some(n) if kind_of(self.nodes[n as usize].kind) != Kind::Dir => entries[i].node = n,
+            entries[i].node = match node {
+                Some(n) if kind_of(self.nodes[n as usize].kind) != Kind::Dir => n,
+                // GNU tar counts a directory's link to itself as done.
+                Some(_) if held(was) == node => node.unwrap_or(NONE),
                 Some(_) => {
-                    // GNU tar counts a directory's link to itself as done. To another
-                    // directory link(2) refuses it, after GNU tar and bsdtar have
-                    // removed the file the name held.
-                    let was = before(entries, entries[i].parent, &entries[i].name, seq);
-                    if was != node {
-                        self.skipped
-                            .push(format!("{name}: hard link to the directory {shown}"));
-                        if was.is_some_and(|n| kind_of(self.nodes[n as usize].kind) != Kind::Dir) {
-                            entries[i].node = GONE;
-                        }
+                    self.skipped
+                        .push(format!("{name}: hard link to the directory {shown}"));
+                    match held(was) {
+                        Some(w) if kind_of(self.nodes[w as usize].kind) != Kind::Dir => GONE,
+                        _ => was.unwrap_or(NONE),
                     }
                 }
-                None => self.skipped.push(format!(
-                    "{name}: hard link to {shown}, which is not in the archive before it"
-                )),
-            }
+                None => {
+                    self.skipped.push(format!(
+                        "{name}: hard link to {shown}, which is not in the archive before it"
+                    ));
+                    was.unwrap_or(NONE)
+                }
+            };
         }
     }
 
@@ -1221,9 +1220,6 @@ impl<'a> Builder<'a> {
         // Keep the last of each (parent, name): a later member replaces an earlier one.
         let mut kept: Vec<RawEntry> = Vec::with_capacity(entries.len());
         for e in entries {
-            if e.node == NONE {
-                continue; // a hard link that tar -x could not make, logged above
-            }
             if let Some(last) = kept.last_mut() {
                 if last.parent == e.parent && last.name == e.name {
                     *last = e;
@@ -1232,7 +1228,8 @@ impl<'a> Builder<'a> {
             }
             kept.push(e);
         }
-        kept.retain(|e| e.node != GONE);
+        // Names that links removed or never made.
+        kept.retain(|e| e.node != GONE && e.node != NONE);
         // Names end to end; children ranges; link counts.
         let mut names = Vec::new();
         let mut name_end = Vec::with_capacity(kept.len());
