@@ -631,3 +631,63 @@ def test_without_dev_fuse_the_reader_works_and_mount_says_to_use_it(tree):
             assert "read without FUSE" in run.stdout
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_members_read_in_process_as_gnu_tar_extracts_them(tmp_path):
+    """The tar cases of tests/tar_dialects.rs that a Python writer makes, read in process
+    and through archfs.torch: hard links to themselves (a directory archived twice by GNU
+    tar, and Python's tarfile), a link to a member given again later and to one that
+    comes later, an old-style directory, symlink modes, a name holding a NUL."""
+    src = tmp_path / "src"
+    image_tree(src / "twice")
+    os.link(src / "twice/cat/a.jpg", src / "twice/cat/a-again.jpg")
+    tar = tmp_path / "cases.tar"
+    # Named twice, each file with a second name is stored the second time as a hard
+    # link to itself.
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(src), "twice", "twice"], check=True)
+    with tarfile.open(tar, "a", format=tarfile.GNU_FORMAT) as t:
+        def add(name, type=tarfile.REGTYPE, data=b"", mode=0o644, link=""):
+            i = tarfile.TarInfo(name)
+            i.type, i.size, i.mode, i.linkname, i.mtime = type, len(data), mode, link, 1_700_000_000
+            t.addfile(i, io.BytesIO(data))
+        add("py", tarfile.DIRTYPE, mode=0o755)
+        add("py/a", data=b"a, first")
+        add("py/b", tarfile.LNKTYPE, link="py/a")
+        add("py/a", data=b"a, given again")
+        add("py/self", data=b"self")
+        add("py/self", tarfile.LNKTYPE, link="py/self")
+        add("py/early", tarfile.LNKTYPE, link="py/later")
+        add("py/later", data=b"later")
+        add("py/old-dir/", tarfile.AREGTYPE, mode=0o750)
+        add("py/old-dir/f", data=b"in an old-style directory")
+        add("py/sym", tarfile.SYMTYPE, mode=0o755, link="a")
+        add("py/nul\0cut", data=b"named up to the NUL")
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    subprocess.run(["tar", "-x", "-p", "--numeric-owner", "-f", str(tar), "-C", str(ex)])
+    assert (ex / "py/b").read_bytes() == b"a, first" and not (ex / "py/early").exists()
+    a = archfs.open_archive(tar)
+    for dirpath, dirnames, filenames in os.walk(ex):
+        rel = os.path.relpath(dirpath, ex)
+        rel = "" if rel == "." else rel
+        assert sorted(a.listdir(rel)) == sorted(dirnames + filenames), rel
+        for name in [rel] + [os.path.join(rel, n) for n in dirnames + filenames]:
+            if not name:
+                continue
+            want, got = os.lstat(ex / name), a.lstat(name)
+            where = repr(name)
+            assert stat.S_IFMT(got.st_mode) == stat.S_IFMT(want.st_mode), where
+            assert stat.S_IMODE(got.st_mode) == stat.S_IMODE(want.st_mode), where
+            assert got.st_nlink == want.st_nlink, where
+            if stat.S_ISREG(want.st_mode):
+                assert a.read(name) == (ex / name).read_bytes(), where
+            if stat.S_ISLNK(want.st_mode):
+                assert a.readlink(name) == os.readlink(ex / name), where
+    assert a.lstat("twice/cat/a.jpg").st_ino == a.lstat("twice/cat/a-again.jpg").st_ino
+    torch_or_skip()
+    import torchvision
+    from archfs.torch import ImageFolder
+    theirs = torchvision.datasets.ImageFolder(str(ex / "twice"))
+    ours = ImageFolder(tar, "twice")
+    assert [(os.path.relpath(p, "twice"), c) for p, c in ours.samples] == [
+        (os.path.relpath(p, ex / "twice"), c) for p, c in theirs.samples]
