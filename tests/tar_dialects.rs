@@ -259,12 +259,28 @@ fn cases(dir: &TempDir) -> Vec<Case> {
     let tar = gnu_tar(dir, "gnu-twice", &["-c", "gnu-twice", "gnu-twice"]);
     std::fs::write(dir.join("src/gnu-twice/lone"), b"appended with -r\n").unwrap();
     gnu_tar(dir, "gnu-twice", &["-r", "gnu-twice/lone", "gnu-twice/bar"]);
+    // `-u` appends what is newer than the archive's copy.
+    let lone = dir.join("src/gnu-twice/lone");
+    std::fs::write(&lone, b"appended with -u\n").unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&lone)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    gnu_tar(dir, "gnu-twice", &["-u", "gnu-twice"]);
     out.push(case("gnu-twice", tar, true));
     source(dir, "label");
     let tar = gnu_tar(dir, "label", &["-c", "--label=Volume 1", "label"]);
     out.push(case("label", tar, true));
-    // bsdtar given a directory twice, as pax and as GNU tar's format.
-    for (name, format) in [("bsd-pax", "pax"), ("bsd-gnutar", "gnutar")] {
+    // bsdtar given a directory twice, in each format it writes.
+    for (name, format) in [
+        ("bsd-pax", "pax"),
+        ("bsd-gnutar", "gnutar"),
+        ("bsd-ustar", "ustar"),
+        ("bsd-v7", "v7tar"),
+    ] {
         source(dir, name);
         let tar = dir.join(format!("plain/{name}.tar"));
         run_ok(
@@ -363,7 +379,13 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
     assert!(gnu.join("two-x/two").exists());
     assert_eq!(read("sizes/pax-sparse"), b"abc");
     assert_eq!(read("gnu-twice/bar"), b"bar\n");
-    assert_eq!(read("gnu-twice/lone"), b"appended with -r\n");
+    let gnu_twice = cases.iter().find(|c| c.name == "gnu-twice").unwrap();
+    let listing = run_ok(Command::new("tar").arg("-tvf").arg(&gnu_twice.tar)).stdout;
+    assert!(
+        String::from_utf8_lossy(&listing).contains("gnu-twice/bar link to gnu-twice/bar"),
+        "GNU tar no longer writes a hard link to itself"
+    );
+    assert_eq!(read("gnu-twice/lone"), b"appended with -u\n");
     assert_eq!(
         names(&gnu.join("multivolume")),
         BTreeSet::from([b"small".to_vec()])
