@@ -402,7 +402,11 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
         assert!(out.status.success(), "{}: {}", c.name, stderr_of(&out));
         let log = stderr_of(&out);
         let m = Mount { path: mnt.clone() };
-        same(&gnu.join(c.name), &m.path.join(c.name), c.name);
+        // GNU tar sets a directory's time when the archive leaves it: a directory given
+        // twice gets the extraction's time from the second pass's files. bsdtar, which
+        // sets them at the end, checks those times below.
+        let twice = c.name.contains("twice") || c.name.starts_with("bsd-");
+        same_but(&gnu.join(c.name), &m.path.join(c.name), c.name, !twice);
         if c.bsd_agrees {
             same(
                 &bsd.join(c.name),
@@ -484,11 +488,12 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
             std::fs::write(to, bytes).unwrap();
         }
         let m = Mount::new(&shards, &mnt, &[]);
-        same(&union, &m.path, &format!("union of .tar.{ext}"));
+        // Directories given twice: as above (each case's mount checked their times).
+        same_but(&union, &m.path, &format!("union of .tar.{ext}"), false);
     }
     for what in ["union of plain tars", "union from its saved index"] {
         let m = Mount::new(&plain, &mnt, &[]);
-        same(&union, &m.path, what);
+        same_but(&union, &m.path, what, false);
     }
 }
 
