@@ -495,6 +495,24 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
         let m = Mount::new(&plain, &mnt, &[]);
         same_but(&union, &m.path, what, false);
     }
+    // `check` of a union names what each member left out: tars merged into one index,
+    // and a tar beside a SquashFS image (a union of the two).
+    let mixed = dir.join("mixed");
+    std::fs::create_dir_all(mixed.join("src/sq")).unwrap();
+    std::fs::write(mixed.join("src/sq/file"), b"x").unwrap();
+    mksquashfs(&mixed.join("src"), &mixed.join("a.sqfs"), &[]);
+    std::fs::remove_dir_all(mixed.join("src")).unwrap();
+    std::fs::copy(plain.join("links-raw.tar"), mixed.join("b.tar")).unwrap();
+    for (union, member) in [(&plain, "links-raw.tar"), (&mixed, "b.tar")] {
+        let check = archfs().arg("check").arg(union).output().unwrap();
+        let report = String::from_utf8_lossy(&check.stdout);
+        assert!(!check.status.success(), "{report}");
+        let said = format!(
+            "left out: {}: early: hard link to",
+            union.join(member).display()
+        );
+        assert!(report.contains(&said), "{union:?}: {report}");
+    }
 }
 
 /// Archives of random member lists from Python's tarfile: names drawn from a few so that
