@@ -196,6 +196,24 @@ fn damage() -> Vec<u8> {
         .end()
 }
 
+/// A GNU dump directory (`D`, whose data lists its entries) and types no reader knows,
+/// which GNU tar extracts as files.
+fn other_types() -> Vec<u8> {
+    let mut t = RawTar::new();
+    t.dir("other-types/")
+        .with_data(
+            Head::new(b"other-types/dumpdir/", b'D').magic(GNU),
+            &[b'Y'; 600],
+        )
+        .file("other-types/dumpdir/in-it", b"after the dump list")
+        .with_data(Head::new(b"other-types/unknown-Q", b'Q'), b"data of Q")
+        .with_data(
+            Head::new(b"other-types/old-GNU-N", b'N').magic(GNU),
+            b"data of N",
+        )
+        .end()
+}
+
 /// A GNU tar run, with `tar_args` after `-C src`.
 fn gnu_tar(dir: &TempDir, name: &str, tar_args: &[&str]) -> PathBuf {
     let tar = dir.join(format!("plain/{name}.tar"));
@@ -244,6 +262,11 @@ fn cases(dir: &TempDir) -> Vec<Case> {
         case(
             "symlink-modes",
             write(dir, "symlink-modes", symlink_modes()),
+            true,
+        ),
+        case(
+            "other-types",
+            write(dir, "other-types", other_types()),
             true,
         ),
         // bsdtar takes the sparse real size, and 0 for a bad PAX time.
@@ -371,6 +394,8 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
     assert!(!gnu.join("links-raw/early").exists());
     assert_eq!(read("nul/long"), b"long");
     assert!(gnu.join("olddir/sized").is_dir());
+    assert_eq!(read("other-types/unknown-Q"), b"data of Q");
+    assert!(gnu.join("other-types/dumpdir/in-it").exists());
     assert!(gnu.join("star-x/from-the-X-header").exists());
     assert_eq!(
         std::fs::read_link(gnu.join("two-x/header")).unwrap(),
