@@ -367,6 +367,61 @@ fn same_but(expected: &Path, actual: &Path, what: &str, dir_mtime: bool) {
     assert!(diffs.is_empty(), "{what}:\n{}", diffs.join("\n"));
 }
 
+/// The in-process reader (what `archfs.open_archive` and `archfs.torch` use) against the
+/// extraction of `case`: every name, type, mode, link count, size, mtime, target and byte.
+fn same_in_process(reference: &Path, archive: &Path, case: &str) {
+    use archfs::archive::{resolve, Kind};
+    use std::os::unix::fs::MetadataExt;
+    let a = archfs::open::open(archive, &archfs::cache::CacheConfig::default()).unwrap();
+    let mut dirs = vec![PathBuf::from(case)];
+    while let Some(rel) = dirs.pop() {
+        let listed: BTreeSet<Vec<u8>> = a
+            .read_dir(resolve(&*a, &rel).unwrap().ino)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name.to_vec())
+            .collect();
+        assert_eq!(listed, names(&reference.join(&rel)), "{rel:?}, in process");
+        for name in listed {
+            let rel = rel.join(std::ffi::OsStr::from_bytes(&name));
+            let (want, got) = (
+                std::fs::symlink_metadata(reference.join(&rel)).unwrap(),
+                resolve(&*a, &rel).unwrap(),
+            );
+            let kind = match want.file_type() {
+                t if t.is_dir() => Kind::Dir,
+                t if t.is_symlink() => Kind::Symlink,
+                t if t.is_file() => Kind::File,
+                _ => got.kind,
+            };
+            let what = format!("{rel:?}, in process");
+            assert_eq!(got.kind, kind, "{what}");
+            assert_eq!(u32::from(got.perm), want.mode() & 0o7777, "{what}");
+            match kind {
+                Kind::Dir => dirs.push(rel),
+                Kind::Symlink => {
+                    let target = std::fs::read_link(reference.join(&rel)).unwrap();
+                    assert_eq!(a.readlink(got.ino).unwrap(), target.as_os_str().as_bytes());
+                }
+                _ => {
+                    assert_eq!((got.nlink, got.mtime), (want.nlink() as u32, want.mtime()));
+                    let mut bytes = Vec::new();
+                    while (bytes.len() as u64) < got.size {
+                        let d = a.read(got.ino, bytes.len() as u64, 1 << 20).unwrap();
+                        assert!(!d.is_empty(), "{what}: short");
+                        bytes.extend_from_slice(&d);
+                    }
+                    assert_eq!(
+                        bytes,
+                        std::fs::read(reference.join(&rel)).unwrap(),
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn names(dir: &Path) -> BTreeSet<Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -440,6 +495,7 @@ fn every_case_mounts_as_tar_x_extracts_it_plain_compressed_and_in_a_union() {
             );
         }
         drop(m);
+        same_in_process(&gnu, &c.tar, c.name);
         // What is left out is said.
         let said = match c.name {
             "links-raw" => vec!["links-raw/later, which is not in the archive before it"],
