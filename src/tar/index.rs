@@ -645,7 +645,7 @@ impl<'a> Builder<'a> {
                 }
                 src.read_vec(data_start, size as usize)
             };
-            let past_data = data_start.saturating_add(size.div_ceil(BLOCK) * BLOCK);
+            let past_data = data_start.saturating_add(size.div_ceil(BLOCK).saturating_mul(BLOCK));
             match typeflag {
                 // `X`: Solaris' and star's extended header, read as POSIX's `x`.
                 b'x' | b'X' | b'g' => {
