@@ -25,6 +25,7 @@ pub mod error;
 pub mod fuse;
 pub mod job;
 pub mod memory;
+pub mod node;
 pub mod open;
 pub mod per_process;
 pub mod progress;

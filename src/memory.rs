@@ -15,7 +15,8 @@ pub fn page_size() -> usize {
 }
 
 /// Memory the page cache can grow into: the kernel's MemAvailable, lowered to what the
-/// memory cgroup (a batch job's limit) leaves, counting the cgroup's page cache as free.
+/// memory cgroup (a batch job's limit) leaves, counting the cgroup's page cache as free
+/// but not its shared memory (copies in memfds, which cannot be reclaimed).
 /// Read at most every 100 ms: a union of 1,000 compressed shards asks once a shard as it
 /// opens them, each time ~15 files of /proc and /sys.
 pub fn available() -> Option<u64> {
@@ -31,6 +32,11 @@ pub fn available() -> Option<u64> {
     let free = read_available();
     *last = Some((Instant::now(), free));
     free
+}
+
+/// [`available`] read now, for a decision another process may have just changed.
+pub fn available_now() -> Option<u64> {
+    read_available()
 }
 
 fn read_available() -> Option<u64> {
@@ -121,17 +127,19 @@ fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
             _ => continue,
         };
         loop {
+            let st = dir.join("memory.stat");
             let (max, used, cache) = if v2 {
                 (
                     num(&dir.join("memory.max")),
                     num(&dir.join("memory.current")),
-                    stat(&dir.join("memory.stat"), "file"),
+                    stat(&st, "file").map(|c: u64| c.saturating_sub(stat(&st, "shmem").unwrap_or(0))),
                 )
             } else {
                 (
                     num(&dir.join("memory.limit_in_bytes")).filter(|&l| l < 1 << 60),
                     num(&dir.join("memory.usage_in_bytes")),
-                    stat(&dir.join("memory.stat"), "total_cache"),
+                    stat(&st, "total_cache")
+                        .map(|c: u64| c.saturating_sub(stat(&st, "total_shmem").unwrap_or(0))),
                 )
             };
             if let (Some(max), Some(used)) = (max, used) {
@@ -191,16 +199,17 @@ mod tests {
         std::fs::write(root.join("slurm/memory.current"), "5000\n").unwrap();
         std::fs::write(job.join("memory.max"), "10000\n").unwrap();
         std::fs::write(job.join("memory.current"), "6000\n").unwrap();
-        std::fs::write(job.join("memory.stat"), "anon 3000\nfile 2500\n").unwrap();
-        // 10000 - (6000 - 2500): the job's page cache counts as free.
-        assert_eq!(cgroup_headroom("0::/slurm/job_7\n", &root), Some(6500));
+        std::fs::write(job.join("memory.stat"), "anon 3000\nfile 2500\nshmem 500\n").unwrap();
+        // 10000 - (6000 - (2500 - 500)): the job's page cache counts as free, its shared
+        // memory does not.
+        assert_eq!(cgroup_headroom("0::/slurm/job_7\n", &root), Some(6000));
         assert_eq!(cgroup_headroom("0::/\n", &root), None);
 
         let v1 = root.join("memory/job_8");
         std::fs::create_dir_all(&v1).unwrap();
         std::fs::write(v1.join("memory.limit_in_bytes"), "8000\n").unwrap();
         std::fs::write(v1.join("memory.usage_in_bytes"), "7000\n").unwrap();
-        std::fs::write(v1.join("memory.stat"), "cache 10\ntotal_cache 1000\n").unwrap();
+        std::fs::write(v1.join("memory.stat"), "cache 10\ntotal_cache 1000\ntotal_shmem 0\n").unwrap();
         std::fs::write(
             root.join("memory/memory.limit_in_bytes"),
             "9223372036854771712\n",

@@ -14,7 +14,9 @@ extern "C" fn forked() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
-fn generation() -> u64 {
+/// How many forks this process is from the first that asked: a value kept from before
+/// a fork tells it is the parent's by this.
+pub fn generation() -> u64 {
     static HOOK: Once = Once::new();
     // SAFETY: registers a handler that only bumps an atomic (async-signal-safe).
     HOOK.call_once(|| unsafe {

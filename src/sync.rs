@@ -71,6 +71,18 @@ impl Condvar {
         self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// As [`Condvar::wait`], for at most `timeout`.
+    pub fn wait_timeout<'a, T>(
+        &self,
+        guard: MutexGuard<'a, T>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, T> {
+        match self.0.wait_timeout(guard, timeout) {
+            Ok((g, _)) => g,
+            Err(e) => e.into_inner().0,
+        }
+    }
+
     pub fn notify_one(&self) {
         self.0.notify_one();
     }

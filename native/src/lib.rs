@@ -15,7 +15,7 @@ use archfs::archive::{Archive as Reader, Attr, Kind};
 use archfs::cache::CacheConfig;
 use archfs::error::Error;
 use archfs::open::{open_many, OpenOptions};
-use archfs::source::RemoteOptions;
+use archfs::source::{RemoteOptions, Staging};
 use archfs::warm::preload::{Plan, Trigger};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -70,19 +70,27 @@ impl Archive {
         let cache = CacheConfig {
             total_bytes: cache_size.unwrap_or(DEFAULT_CACHE).max(1 << 20),
         };
+        let stage = match preload {
+            "auto" => Staging::Auto,
+            "always" => Staging::Always,
+            "never" => Staging::Never,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "preload {preload:?} is not \"auto\", \"always\" or \"never\""
+                )))
+            }
+        };
+        // Remote archives: one copy on the node for every process of the job, made once
+        // reads show an epoch (`auto`), read by all.
         let options = OpenOptions {
             recursive,
             remote: RemoteOptions {
                 no_sign_request,
+                stage,
                 ..Default::default()
             },
             ..Default::default()
         };
-        if !matches!(preload, "auto" | "always" | "never") {
-            return Err(PyValueError::new_err(format!(
-                "preload {preload:?} is not \"auto\", \"always\" or \"never\""
-            )));
-        }
         let opened = py.detach(|| open_many(&paths, &cache, &options));
         let name = paths[0].as_os_str().as_bytes().to_vec();
         let inner = opened.map_err(|e| open_error(e, &name))?;

@@ -467,7 +467,11 @@ fn open_and_mount(
         stage_dir: s.stage_dir.clone(),
         remote: crate::source::RemoteOptions {
             no_sign_request: s.no_sign_request,
-            stage: s.preload != Preload::Never,
+            stage: match s.preload {
+                Preload::Never => crate::source::Staging::Never,
+                Preload::Auto => crate::source::Staging::Auto,
+                Preload::Always => crate::source::Staging::Always,
+            },
             stage_dir: s.stage_dir.clone(),
             retry_for: Some(s.retry_for),
             progress,

@@ -53,13 +53,31 @@ const SPAN_GET: u64 = 2 << 20;
 /// Bytes of such files kept until the rest of each is read, for all objects together.
 const SPAN_CACHE: usize = 32 << 20;
 
+/// Reads of files after which `Staging::Auto` makes the node's copy: the preload's rule
+/// for local archives (a training epoch gets there within a fraction of a second; a
+/// listing, `info` or a look at a few files never does).
+const AUTO_AFTER_READS: u64 = 128;
+
+/// When a process makes the node's copy of an object. A copy another process of the job
+/// on the node made is read in every case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Staging {
+    /// Never (`archfs cat`, `--preload=never`).
+    #[default]
+    Never,
+    /// Once reads show an epoch: after [`AUTO_AFTER_READS`] reads of files.
+    Auto,
+    /// At once.
+    Always,
+}
+
 /// How to reach remote archives, from the command line.
 #[derive(Clone, Debug, Default)]
 pub struct RemoteOptions {
     /// Send S3 requests unsigned (a public bucket), as the AWS CLI's flag of that name.
     pub no_sign_request: bool,
-    /// Copy the whole object to the node in the background (a mount; not `archfs cat`).
-    pub stage: bool,
+    /// When to copy the whole object to the node in the background.
+    pub stage: Staging,
     /// Where the copy goes when it does not fit in memory.
     pub stage_dir: Option<PathBuf>,
     /// How long one request may be retried before its read fails (default 60 s).
@@ -84,7 +102,11 @@ struct Inner {
     mtime: i64,
     /// What tells this object's chunks from others' in the cache ([`chunks`]).
     id: u64,
-    stage: Option<Arc<stage::Stage>>,
+    /// The node's copy, found or made.
+    stage: Option<stage::Wanted>,
+    staging: Staging,
+    /// Reads of files so far, up to [`AUTO_AFTER_READS`].
+    reads: std::sync::atomic::AtomicU64,
     /// The object's first bytes, fetched with its size: a format's first reads.
     first: Box<[u8]>,
     /// Where recent large reads ended, and how far past that was fetched ahead.
@@ -124,19 +146,27 @@ impl RemoteObject {
             meta.etag.as_deref().unwrap_or("none"),
             target.endpoint
         );
-        let stage = options.stage.then(|| {
-            stage::Stage::start(
-                client.clone(),
-                target.clone(),
-                meta.etag.clone(),
-                meta.size,
-                options.stage_dir.as_deref(),
-                options.progress,
-            )
-        });
+        let stage = stage::Wanted::find(
+            stage::Object {
+                client: client.clone(),
+                target: target.clone(),
+                etag: meta.etag.clone(),
+                size: meta.size,
+                mtime: meta.mtime,
+            },
+            options.stage_dir.as_deref(),
+            options.progress,
+        );
+        if options.stage == Staging::Always {
+            if let Some(s) = &stage {
+                s.make();
+            }
+        }
         Ok(RemoteObject {
             inner: Arc::new(Inner {
-                stage: stage.flatten(),
+                stage,
+                staging: options.stage,
+                reads: std::sync::atomic::AtomicU64::new(0),
                 first: meta.first.into_boxed_slice(),
                 client,
                 name: PathBuf::from(location.name()),
@@ -526,7 +556,35 @@ impl Inner {
 impl RemoteObject {
     /// Whether the node-local copy is being made (and will soon hold what is read).
     fn copying(&self) -> bool {
-        self.inner.stage.as_ref().is_some_and(|s| s.copying())
+        self.inner.stage().is_some_and(|s| s.copying())
+    }
+}
+
+impl Inner {
+    /// The node's copy, once there is one.
+    fn stage(&self) -> Option<&Arc<stage::Stage>> {
+        self.stage.as_ref()?.stage()
+    }
+
+    /// Counts a read of a file; with `Staging::Auto`, the one that shows an epoch makes
+    /// the node's copy (in the background: placing it may take a while).
+    fn note_read(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.staging != Staging::Auto
+            || self.reads.load(Ordering::Relaxed) >= AUTO_AFTER_READS
+            || self.reads.fetch_add(1, Ordering::Relaxed) + 1 != AUTO_AFTER_READS
+            || self.stage.is_none()
+        {
+            return;
+        }
+        let inner = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("archfs-stage-start".into())
+            .spawn(move || {
+                if let Some(s) = &inner.stage {
+                    s.make();
+                }
+            });
     }
 }
 
@@ -542,7 +600,7 @@ impl RemoteObject {
             buf.copy_from_slice(first);
             return Ok(true);
         }
-        if let Some(stage) = &inner.stage {
+        if let Some(stage) = inner.stage() {
             if let stage::Found::Read = stage.read(pos, buf)? {
                 return Ok(true);
             }
@@ -553,6 +611,7 @@ impl RemoteObject {
 
 impl Storage for RemoteObject {
     fn read_through(&self, buf: &mut [u8], pos: u64, end: u64) -> std::io::Result<()> {
+        self.inner.note_read();
         let want = pos + buf.len() as u64;
         let end = end.min(self.inner.size).max(want);
         // A large file, or a large read of all that is left of one: as any read (a
@@ -652,7 +711,7 @@ impl Storage for RemoteObject {
     }
 
     fn fd(&self, at: u64, len: u64) -> Option<BorrowedFd<'_>> {
-        self.inner.stage.as_ref()?.fd(at, len)
+        self.inner.stage()?.fd(at, len)
     }
 
     fn reopen(&self) -> std::io::Result<Arc<dyn Storage>> {

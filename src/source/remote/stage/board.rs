@@ -1,0 +1,342 @@
+//! The copy's board: which pieces are copied, in flight or free, kept in the copy's own
+//! file past its data and mapped shared by every process of the node that reads the
+//! copy, so each sees what any has copied, a reader in one process waits (on a futex in
+//! the board) for a piece another process is fetching, and the GETs of all processes
+//! together stay within a few.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB1");
+
+#[repr(C)]
+struct Head {
+    magic: u64,
+    size: u64,
+    pieces: u64,
+    /// Pieces not yet copied.
+    left: AtomicU64,
+    /// Where a copier starts looking for free pieces; all before it are taken.
+    next: AtomicU64,
+    /// Nonzero once the copy stopped on an error: readers fetch their own bytes.
+    failed: AtomicU32,
+    /// Bumped at every arrival; the futex readers wait on.
+    arrivals: AtomicU32,
+    /// The processes copying, one entry a GET under way: their pids, 0 when free.
+    copiers: [AtomicU32; COPIERS],
+}
+
+/// GETs of one copy under way at once, for all processes of the node.
+pub const COPIERS: usize = 8;
+
+/// What a piece is: free, taken by a process (not yet arriving, or arriving), or in the
+/// copy. Kept in one u64: the state in the high half, the owner's pid in the low.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Not copied and not taken: a read of it fetches its own bytes.
+    Free,
+    /// Taken for a GET under way, not yet arriving: as [`Piece::Free`] for readers.
+    Taken(u32),
+    /// Arriving now: a read of its bytes near the front waits for them.
+    Arriving(u32),
+    Copied,
+}
+
+const COPIED: u64 = u64::MAX;
+
+impl Piece {
+    fn encode(self) -> u64 {
+        match self {
+            Piece::Free => 0,
+            Piece::Taken(pid) => 1 << 32 | u64::from(pid),
+            Piece::Arriving(pid) => 2 << 32 | u64::from(pid),
+            Piece::Copied => COPIED,
+        }
+    }
+
+    fn decode(v: u64) -> Piece {
+        match (v >> 32, v as u32) {
+            _ if v == COPIED => Piece::Copied,
+            (1, pid) => Piece::Taken(pid),
+            (2, pid) => Piece::Arriving(pid),
+            _ => Piece::Free,
+        }
+    }
+
+    /// The process that holds it.
+    pub fn owner(self) -> Option<u32> {
+        match self {
+            Piece::Taken(p) | Piece::Arriving(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// A board mapped into this process.
+#[derive(Debug)]
+pub struct Board {
+    file: File,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is only reached through atomics and the immutable head fields.
+unsafe impl Send for Board {}
+unsafe impl Sync for Board {}
+
+impl Board {
+    fn bytes(pieces: u64) -> usize {
+        std::mem::size_of::<Head>() + 16 * pieces as usize
+    }
+
+    /// Where the board of a copy of `size` bytes starts: past the data, at a boundary of
+    /// the largest page size (64 KiB on some aarch64 kernels).
+    fn start(size: u64) -> u64 {
+        size.div_ceil(64 << 10) * (64 << 10)
+    }
+
+    /// The length of the file holding a copy of `size` bytes in `pieces` and its board.
+    pub fn file_len(size: u64, pieces: u64) -> u64 {
+        Self::start(size) + Self::bytes(pieces) as u64
+    }
+
+    /// A new board in `file` (of [`Board::file_len`]), for a copy of `size` bytes in
+    /// `pieces` pieces, all free.
+    pub fn create(file: File, size: u64, pieces: u64) -> io::Result<Board> {
+        let len = Self::bytes(pieces);
+        let board = Board::map(file, Self::start(size), len)?;
+        // SAFETY: a fresh mapping of `len` zeroed bytes, the head at its start, no other
+        // process holding it yet.
+        unsafe {
+            let head = board.base as *mut Head;
+            (*head).size = size;
+            (*head).pieces = pieces;
+            (*head).left = AtomicU64::new(pieces);
+            std::sync::atomic::fence(Ordering::Release);
+            (*head).magic = MAGIC;
+        }
+        Ok(board)
+    }
+
+    /// The board another process made, for a copy of `size` bytes.
+    pub fn open(file: File, size: u64) -> io::Result<Board> {
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "not a copy of this object");
+        let at = Self::start(size);
+        let len = file.metadata()?.len().checked_sub(at).ok_or_else(bad)?;
+        let len = usize::try_from(len).map_err(|_| bad())?;
+        if len < std::mem::size_of::<Head>() {
+            return Err(bad());
+        }
+        let board = Board::map(file, at, len)?;
+        let h = board.head();
+        if h.magic != MAGIC || h.size != size || Self::bytes(h.pieces) != len {
+            return Err(bad());
+        }
+        Ok(board)
+    }
+
+    fn map(file: File, at: u64, len: usize) -> io::Result<Board> {
+        // SAFETY: maps `len` bytes at `at` (page-aligned) of a file at least that long.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                at as libc::off_t,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Board {
+            file,
+            base: base.cast(),
+            len,
+        })
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    fn head(&self) -> &Head {
+        // SAFETY: the mapping starts with a Head and lives as long as self.
+        unsafe { &*(self.base as *const Head) }
+    }
+
+    fn slot(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: slots follow the head, 8-byte aligned, within the mapping (2 per piece).
+        unsafe { &*(self.base.add(std::mem::size_of::<Head>() + 8 * i) as *const AtomicU64) }
+    }
+
+    pub fn pieces(&self) -> u64 {
+        self.head().pieces
+    }
+
+    pub fn piece(&self, p: u64) -> Piece {
+        Piece::decode(self.slot(p as usize).load(Ordering::Acquire))
+    }
+
+    /// Moves piece `p` from `from` to `to`; false when it was not `from`.
+    pub fn swap(&self, p: u64, from: Piece, to: Piece) -> bool {
+        self.slot(p as usize)
+            .compare_exchange(from.encode(), to.encode(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Bytes of arriving piece `p` in the copy, from its start.
+    pub fn filled(&self, p: u64) -> &AtomicU64 {
+        self.slot((self.pieces() + p) as usize)
+    }
+
+    pub fn left(&self) -> &AtomicU64 {
+        &self.head().left
+    }
+
+    pub fn next(&self) -> &AtomicU64 {
+        &self.head().next
+    }
+
+    pub fn failed(&self) -> bool {
+        self.head().failed.load(Ordering::Acquire) != 0
+    }
+
+    /// Takes a place among the copiers for process `pid`; false when all are taken by
+    /// live processes (a place of one that ended is freed here).
+    pub fn enter(&self, pid: u32) -> bool {
+        for c in &self.head().copiers {
+            let held = c.load(Ordering::Acquire);
+            if (held == 0 || !alive(held))
+                && c.compare_exchange(held, pid, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Gives back a place [`Board::enter`] took.
+    pub fn leave(&self, pid: u32) {
+        for c in &self.head().copiers {
+            if c.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Frees piece `p` if the process holding it has ended; true when it did.
+    pub fn free_if_orphaned(&self, p: u64) -> bool {
+        let piece = self.piece(p);
+        match piece.owner() {
+            Some(pid) if !alive(pid) && self.swap(p, piece, Piece::Free) => {
+                self.filled(p).store(0, Ordering::Release);
+                self.next().fetch_min(p, Ordering::AcqRel);
+                self.wake();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn fail(&self) {
+        self.head().failed.store(1, Ordering::Release);
+        self.wake();
+    }
+
+    /// The arrival count, to wait on.
+    pub fn arrivals(&self) -> u32 {
+        self.head().arrivals.load(Ordering::Acquire)
+    }
+
+    /// Wakes every reader waiting in any process.
+    pub fn wake(&self) {
+        let word = &self.head().arrivals;
+        word.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: a futex on a u32 of a shared mapping (no PRIVATE flag: other processes).
+        unsafe {
+            libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
+
+    /// Waits until the arrival count is no longer `seen`, or `timeout` passed.
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        // SAFETY: as in `wake`; the kernel reads `ts` during the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.head().arrivals.as_ptr(),
+                libc::FUTEX_WAIT,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+}
+
+/// Whether process `pid` is running (a zombie not yet reaped is not: its GETs ended).
+pub fn alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid as i32, 0) };
+    (rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+        && crate::node::running(pid)
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map` mapped.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_encode_and_a_second_mapping_sees_the_first() {
+        for p in [Piece::Free, Piece::Taken(7), Piece::Arriving(4_194_304), Piece::Copied] {
+            assert_eq!(Piece::decode(p.encode()), p);
+        }
+        let file = crate::source::scratch::memfd().unwrap();
+        file.set_len(Board::file_len(10 << 20, 3)).unwrap();
+        let a = Board::create(file, 10 << 20, 3).unwrap();
+        let b = Board::open(a.file().try_clone().unwrap(), 10 << 20).unwrap();
+        assert!(Board::open(a.file().try_clone().unwrap(), 11 << 20).is_err());
+        assert!(a.swap(1, Piece::Free, Piece::Taken(5)));
+        assert_eq!(b.piece(1), Piece::Taken(5));
+        assert!(!b.swap(1, Piece::Free, Piece::Taken(6)));
+        b.filled(2).store(99, Ordering::Release);
+        assert_eq!(a.filled(2).load(Ordering::Acquire), 99);
+        assert_eq!(a.piece(2), Piece::Free);
+        let seen = a.arrivals();
+        b.wake();
+        a.wait(seen, Duration::from_secs(5)); // returns at once: the count moved
+        assert_eq!(a.left().load(Ordering::Acquire), 3);
+        // A place among the copiers, and a piece, held by a process that ended are free.
+        let me = std::process::id();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert!((0..COPIERS).all(|_| a.enter(dead)));
+        assert!(b.enter(me), "a dead process's place was kept");
+        b.leave(me);
+        assert!(a.swap(0, Piece::Free, Piece::Arriving(dead)));
+        assert!(a.swap(1, Piece::Taken(5), Piece::Taken(me)));
+        assert!(!a.free_if_orphaned(1), "a live process's piece was freed");
+        assert!(b.free_if_orphaned(0));
+        assert_eq!(a.piece(0), Piece::Free);
+    }
+}

@@ -1,0 +1,532 @@
+//! The stage-in: one copy of the whole object per node, for every process of the job
+//! there (mounts, in-process readers and their DataLoader workers, the CLI), made in
+//! parallel ranged GETs of a few MiB into node-local memory (a memfd) when it fits, else
+//! into a nameless file on `--stage-dir`. Reads of copied bytes are local reads, and the
+//! push splices them into the kernel as from a local archive; a read of bytes in flight
+//! waits for them, a read ahead of the copy fetches its own span at once.
+//!
+//! The processes find the copy through the node's hub ([`hub`]) and share its progress
+//! through the board in the copy's file ([`board`]): every process that has the copy
+//! copies its free pieces, at most [`board::COPIERS`] GETs at once for the node, so the
+//! copy goes on when any of them ends. The copy has no name: it goes with the last
+//! process that holds it, however that ends.
+
+mod board;
+mod hub;
+mod place;
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::sync::{Condvar, Mutex};
+
+use super::http::{Client, Target};
+use crate::per_process::{generation, PerProcess};
+use board::{Board, Piece};
+
+/// What the copy marks as copied at once: a read of bytes in flight waits for their
+/// piece.
+const PIECE: u64 = 4 << 20;
+/// Pieces one GET of the copy takes at most. A GET's first round trip moves nothing on
+/// its stream, so short GETs leave a far, fast link idle: at 50 ms and ~540 MB/s, one GET
+/// a piece copied at 4.4 s what 8 curl streams fetch in 3.5 s.
+const RUN: u64 = 16;
+
+/// What a GET of the copy hands over at a time: a read of bytes in the piece arriving
+/// is served as soon as they have.
+const PART: u64 = 256 << 10;
+/// A read waits for bytes of the piece arriving when at most this much is still to come
+/// before them (at 1 Gbit/s shared by 8 streams, ~70 ms: about a GET at 50 ms); else it
+/// fetches its own. Waiting for a whole piece cost a read up to ~270 ms there.
+const WAIT: u64 = 1 << 20;
+/// A reader waiting for bytes that do not move for this long checks that their copier
+/// still runs, and fetches its own if not.
+const STALL: Duration = Duration::from_millis(500);
+/// Copying threads of this process, for all its copies.
+const WORKERS: usize = board::COPIERS;
+
+/// What a copy is of, and what every process that would share it agrees on.
+#[derive(Clone, Debug)]
+pub struct Object {
+    pub client: Arc<Client>,
+    pub target: Target,
+    pub etag: Option<String>,
+    pub size: u64,
+    pub mtime: i64,
+}
+
+impl Object {
+    /// The identity the node's copies are found by: the request URL (endpoint, bucket,
+    /// key), the version (ETag, else size and time) and the user's signing keys' id.
+    fn identity(&self) -> String {
+        let key = self
+            .target
+            .signer
+            .as_ref()
+            .map_or("anonymous", |(c, _)| c.access_key.as_str());
+        format!(
+            "{} {} {} {} {key}",
+            self.target.url,
+            self.etag.as_deref().unwrap_or("-"),
+            self.size,
+            self.mtime
+        )
+        .replace(['\n', '\0'], " ")
+    }
+}
+
+/// A copy of an object being made, or made.
+#[derive(Debug)]
+pub struct Stage {
+    board: Board,
+    object: Object,
+    /// The fork generation that last put the copy in this process's pool.
+    pooled: AtomicU64,
+    /// On the terminal of a foreground server that made the copy.
+    bar: Option<indicatif::ProgressBar>,
+    start: Instant,
+}
+
+/// What a read found in the copy.
+pub enum Found {
+    /// The bytes were staged and are in the buffer.
+    Read,
+    /// Not staged, and not on their way: the reader fetches them itself.
+    Fetch,
+}
+
+/// How an object's copy is come by: found on the node, or made when wanted.
+#[derive(Debug)]
+pub struct Wanted {
+    object: Object,
+    slot: hub::Slot,
+    stage: OnceLock<Option<Arc<Stage>>>,
+    dir: Option<std::path::PathBuf>,
+    progress: bool,
+    /// The fork generation the slot was asked for in.
+    asked: AtomicU64,
+}
+
+impl Wanted {
+    /// The copy of `object` another process of the job on this node made, if there is
+    /// one; if not, one arrives when some process makes it.
+    pub fn find(
+        object: Object,
+        dir: Option<&Path>,
+        progress: bool,
+    ) -> Option<Wanted> {
+        if object.size == 0 {
+            return None;
+        }
+        let slot = hub::want(&object.identity());
+        Some(Wanted {
+            object,
+            slot,
+            stage: OnceLock::new(),
+            dir: dir.map(Path::to_owned),
+            progress,
+            asked: AtomicU64::new(generation()),
+        })
+    }
+
+    /// Makes the copy unless some process of the job on the node has.
+    pub fn make(&self) {
+        let id = self.object.identity();
+        let size = self.object.size;
+        let pieces = size.div_ceil(PIECE);
+        let name = &self.object.target.name;
+        let slot = hub::make_or_join(&id, || {
+            let len = Board::file_len(size, pieces);
+            match place::place(len, self.dir.as_deref()) {
+                Ok((file, placed)) => {
+                    match placed {
+                        place::Placed::Memory => tracing::info!(
+                            "{name}: copying {:.1} GB to this node's memory",
+                            size as f64 / 1e9
+                        ),
+                        place::Placed::Disk(dir) => tracing::warn!(
+                            "{name}: copying {:.1} GB to {}: it does not fit in memory",
+                            size as f64 / 1e9,
+                            dir.display()
+                        ),
+                    }
+                    let init = file
+                        .try_clone()
+                        .and_then(|f| Board::create(f, size, pieces).map(drop));
+                    match init {
+                        Ok(()) => Some(file),
+                        Err(e) => {
+                            tracing::warn!("{name}: not copied to this node: {e}");
+                            None
+                        }
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        "{name}: not copied to this node ({why}); reads fetch what they need"
+                    );
+                    None
+                }
+            }
+        });
+        if slot.is_some_and(|s| s.get().is_some()) {
+            let _ = self.stage();
+        }
+    }
+
+    /// The copy, once this process has it.
+    pub fn stage(&self) -> Option<&Arc<Stage>> {
+        let now = generation();
+        if self.asked.load(Ordering::Relaxed) != now {
+            // A forked child: the parent's hub is not ours; ask ours, and offer the
+            // copy inherited so the node keeps finding it.
+            self.asked.store(now, Ordering::Relaxed);
+            let id = self.object.identity();
+            let slot = hub::want(&id);
+            if let Some(Some(stage)) = self.stage.get() {
+                if slot.get().is_none() {
+                    if let Ok(f) = stage.board.file().try_clone() {
+                        hub::hold(&id, f);
+                    }
+                }
+            }
+        }
+        if let Some(found) = self.stage.get() {
+            let stage = found.as_ref()?;
+            stage.pool_here();
+            return Some(stage);
+        }
+        let file = self.slot.get()?.try_clone().ok()?;
+        let stage = self
+            .stage
+            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress))
+            .as_ref()?;
+        stage.pool_here();
+        Some(stage)
+    }
+}
+
+impl Stage {
+    /// The copy in `file`, made by this process or another.
+    fn new(file: File, object: Object, progress: bool) -> Option<Arc<Stage>> {
+        let board = match Board::open(file, object.size) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("{}: the node's copy is unusable: {e}", object.target.name);
+                return None;
+            }
+        };
+        let copying = board.left().load(Ordering::Acquire) > 0;
+        let bar = (progress && copying).then(|| {
+            let bar = crate::progress::bar(
+                format!("copying {} to this node", object.target.name),
+                object.size,
+            );
+            bar.set_position((object.size.div_ceil(PIECE) - board.left().load(Ordering::Acquire)) * PIECE);
+            bar
+        });
+        Some(Arc::new(Stage {
+            board,
+            object,
+            pooled: AtomicU64::new(u64::MAX),
+            bar,
+            start: Instant::now(),
+        }))
+    }
+
+    fn me() -> u32 {
+        std::process::id()
+    }
+
+    /// Puts the copy in this process's pool of copying threads, once a process.
+    fn pool_here(self: &Arc<Self>) {
+        let now = generation();
+        if self.pooled.swap(now, Ordering::Relaxed) != now && self.copying() {
+            pool().add(self.clone());
+        }
+    }
+
+    fn file(&self) -> &File {
+        self.board.file()
+    }
+
+    /// Copies the `n` pieces from `first`, taken by this process, in one GET, each marked
+    /// copied as it arrives; false when the copy failed.
+    fn copy(&self, first: u64, n: u64) -> bool {
+        let me = Self::me();
+        let size = self.object.size;
+        let at = first * PIECE;
+        let len = ((first + n) * PIECE).min(size) - at;
+        let etag = self.object.etag.as_deref();
+        self.board.swap(first, Piece::Taken(me), Piece::Arriving(me));
+        let end = first + n;
+        let fetched =
+            self.object
+                .client
+                .get_parts(&self.object.target, etag, (at, len), PART, |pos, bytes| {
+                    self.file()
+                        .write_all_at(bytes, pos)
+                        .map_err(|e| format!("writing the node-local copy: {e}"))?;
+                    let p = pos / PIECE;
+                    let upto = pos + bytes.len() as u64;
+                    let piece_end = ((p + 1) * PIECE).min(size);
+                    if upto < piece_end {
+                        if self.board.piece(p) == Piece::Arriving(me) {
+                            self.board.filled(p).store(upto - p * PIECE, Ordering::Release);
+                            self.board.wake();
+                        }
+                        return Ok(());
+                    }
+                    if p + 1 < end {
+                        self.board.swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
+                    }
+                    self.landed(p, piece_end - p * PIECE);
+                    Ok(())
+                });
+        if let Err(e) = fetched {
+            tracing::warn!("{}: the copy to this node stopped: {e}", self.object.target.name);
+            self.fail();
+            return false;
+        }
+        true
+    }
+
+    /// Pieces this process takes for one GET: many while much is left, one at the end,
+    /// so the last GETs end together. Pieces held by processes that ended are freed.
+    fn claim(&self) -> Option<(u64, u64)> {
+        let pieces = self.board.pieces();
+        let me = Self::me();
+        let mut p = self.board.next().load(Ordering::Acquire);
+        let mut swept = false;
+        loop {
+            if self.board.failed() {
+                return None;
+            }
+            if p >= pieces {
+                // Every piece taken: free those of processes that ended, once.
+                if swept || self.board.left().load(Ordering::Acquire) == 0 {
+                    return None;
+                }
+                swept = true;
+                (0..pieces).for_each(|q| {
+                    self.board.free_if_orphaned(q);
+                });
+                p = self.board.next().load(Ordering::Acquire);
+                continue;
+            }
+            if !self.board.swap(p, Piece::Free, Piece::Taken(me)) {
+                p += 1;
+                continue;
+            }
+            self.board.filled(p).store(0, Ordering::Release);
+            let want = ((pieces - p) / (2 * WORKERS as u64)).clamp(1, RUN);
+            let mut n = 1;
+            while n < want && p + n < pieces && self.board.swap(p + n, Piece::Free, Piece::Taken(me)) {
+                self.board.filled(p + n).store(0, Ordering::Release);
+                n += 1;
+            }
+            self.board.next().fetch_max(p + n, Ordering::AcqRel);
+            return Some((p, n));
+        }
+    }
+
+    /// Piece `p` (`len` bytes) is in the copy.
+    fn landed(&self, p: u64, len: u64) {
+        if !self.board.swap(p, Piece::Arriving(Self::me()), Piece::Copied) {
+            return; // freed as orphaned meanwhile and taken again: the other counts it
+        }
+        let left = self.board.left().fetch_sub(1, Ordering::AcqRel) - 1;
+        self.board.wake();
+        if let Some(b) = &self.bar {
+            b.inc(len);
+        }
+        let name = &self.object.target.name;
+        let size = self.object.size;
+        // A line in the log at every tenth.
+        let pieces = self.board.pieces();
+        let tenths = |left: u64| (pieces - left) * 10 / pieces;
+        if left > 0 && tenths(left) > tenths(left + 1) {
+            let secs = self.start.elapsed().as_secs_f64();
+            let copied = (pieces - left) * PIECE;
+            tracing::info!(
+                "{name}: {}0% copied to this node ({:.0} MB/s)",
+                tenths(left),
+                copied as f64 / 1e6 / secs.max(1e-3)
+            );
+        }
+        if left == 0 {
+            if let Some(b) = &self.bar {
+                b.finish_and_clear();
+            }
+            tracing::info!(
+                "{name}: copied to this node, {:.1} MB ({:.1} s in this process)",
+                size as f64 / 1e6,
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    fn fail(&self) {
+        if let Some(b) = &self.bar {
+            b.abandon();
+        }
+        self.board.fail();
+    }
+
+    /// Fills `buf` from `pos` out of the copy, waiting for pieces arriving.
+    pub fn read(self: &Arc<Self>, pos: u64, buf: &mut [u8]) -> std::io::Result<Found> {
+        if buf.is_empty() {
+            return Ok(Found::Fetch);
+        }
+        let board = &self.board;
+        let end = pos + buf.len() as u64;
+        let (first, last) = (pos / PIECE, (end - 1) / PIECE);
+        // Bytes of piece `p` this read needs, from the piece's start.
+        let need = |p: u64| end.min((p + 1) * PIECE) - p * PIECE;
+        let short = |p: u64| need(p).saturating_sub(board.filled(p).load(Ordering::Acquire));
+        let staged = |p: u64| match board.piece(p) {
+            Piece::Copied => true,
+            Piece::Arriving(_) => short(p) == 0,
+            _ => false,
+        };
+        if !(first..=last).all(staged) {
+            // A read of the very next piece (a scan at the front of the copy) takes it
+            // and copies it here, rather than fetching its own span and the copy the
+            // piece again.
+            if first == last
+                && board.piece(first) == Piece::Free
+                && first == board.next().load(Ordering::Acquire)
+                && board.swap(first, Piece::Free, Piece::Taken(Self::me()))
+            {
+                board.filled(first).store(0, Ordering::Release);
+                board.next().fetch_max(first + 1, Ordering::AcqRel);
+                if !self.copy(first, 1) {
+                    return Ok(Found::Fetch);
+                }
+            }
+            // Wait only for bytes about to arrive; the rest of a GET may be far off.
+            let far = |p: u64| match board.piece(p) {
+                Piece::Copied => false,
+                Piece::Arriving(_) => short(p) > WAIT,
+                _ => true,
+            };
+            if (first..=last).any(far) {
+                return Ok(Found::Fetch);
+            }
+            let mut moved = Instant::now();
+            let mut seen = board.arrivals();
+            while !(first..=last).all(staged) {
+                if board.failed() || (first..=last).any(far) {
+                    return Ok(Found::Fetch);
+                }
+                if moved.elapsed() > STALL {
+                    // Nothing arrived for a while: its copier may have ended.
+                    if (first..=last).fold(false, |f, p| board.free_if_orphaned(p) | f) {
+                        pool().add(self.clone());
+                    }
+                    if (first..=last).any(far) || moved.elapsed() > 4 * STALL {
+                        return Ok(Found::Fetch);
+                    }
+                }
+                board.wait(seen, Duration::from_millis(100));
+                let now = board.arrivals();
+                if now != seen {
+                    seen = now;
+                    moved = Instant::now();
+                }
+            }
+        }
+        self.file().read_exact_at(buf, pos)?;
+        Ok(Found::Read)
+    }
+
+    /// The copy's descriptor when `[pos, pos + len)` is in it, to splice from.
+    pub fn fd(&self, pos: u64, len: u64) -> Option<BorrowedFd<'_>> {
+        if len == 0 || pos + len > self.object.size {
+            return None;
+        }
+        let (first, last) = (pos / PIECE, (pos + len - 1) / PIECE);
+        (first..=last)
+            .all(|p| self.board.piece(p) == Piece::Copied)
+            .then(|| self.file().as_fd())
+    }
+
+    /// Whether the copy is still being made (read-ahead advice is then not needed).
+    pub fn copying(&self) -> bool {
+        self.board.left().load(Ordering::Relaxed) > 0 && !self.board.failed()
+    }
+}
+
+/// The threads that copy for this process, oldest copy first: a union of many objects
+/// copies a few pieces at a time, not a few per object. A thread copies only while it
+/// holds one of the board's places for copiers.
+struct Pool {
+    jobs: Mutex<VecDeque<Arc<Stage>>>,
+    queued: Condvar,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: PerProcess<Pool> = PerProcess::new();
+    let (pool, made) = POOL.get_or_make(|| Pool {
+        jobs: Mutex::new(VecDeque::new()),
+        queued: Condvar::new(),
+    });
+    if made {
+        for i in 0..WORKERS {
+            let _ = std::thread::Builder::new()
+                .name(format!("archfs-stage-{i}"))
+                .spawn(move || pool.work());
+        }
+    }
+    pool
+}
+
+impl Pool {
+    fn add(&self, stage: Arc<Stage>) {
+        let mut jobs = self.jobs.lock();
+        if !jobs.iter().any(|s| Arc::ptr_eq(s, &stage)) {
+            jobs.push_back(stage);
+        }
+        drop(jobs);
+        self.queued.notify_all();
+    }
+
+    fn work(&self) {
+        let me = Stage::me();
+        loop {
+            let stage = {
+                let mut jobs = self.jobs.lock();
+                loop {
+                    match jobs.front().cloned() {
+                        Some(st) => break st,
+                        None => jobs = self.queued.wait(jobs),
+                    }
+                }
+            };
+            if !stage.board.enter(me) {
+                // The node's copiers are all busy: look again shortly.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            let run = stage.claim();
+            match run {
+                Some((first, n)) => {
+                    stage.copy(first, n);
+                }
+                None => {
+                    let mut jobs = self.jobs.lock();
+                    if jobs.front().is_some_and(|s| Arc::ptr_eq(s, &stage)) {
+                        jobs.pop_front(); // every piece taken: on to the next object
+                    }
+                }
+            }
+            stage.board.leave(me);
+        }
+    }
+}

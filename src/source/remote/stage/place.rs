@@ -1,0 +1,77 @@
+//! Where a copy goes, decided for the whole node: in memory (a memfd) when it fits in 75%
+//! of the memory the job may fill (the preload's rule), else in a nameless file on
+//! `--stage-dir`, else nowhere. Its room is reserved at once (fallocate) under a
+//! node-wide lock, so the kernel's own counters (MemAvailable, the cgroup's usage, the
+//! disk's free blocks) show it to the next process that decides: concurrent starts on a
+//! node never promise the same memory twice.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::node::NodeLock;
+use crate::source::scratch;
+
+/// Where the copy went, for the log.
+pub enum Placed {
+    Memory,
+    Disk(std::path::PathBuf),
+}
+
+/// A file of `size` bytes, its room taken, and where it is; the error says why there
+/// is none.
+pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), String> {
+    let _lock = NodeLock::take("place", Duration::from_secs(60));
+    let free = crate::memory::available_now();
+    let fits = free.is_none_or(|free| (size as f64) < free as f64 * 0.75);
+    if fits {
+        if let Ok(file) = scratch::memfd() {
+            if reserve(&file, size).is_ok() {
+                return Ok((file, Placed::Memory));
+            }
+        }
+    }
+    let dir = dir.map_or_else(scratch::default_dir, Path::to_owned);
+    let room = free_bytes(&dir).ok_or_else(|| format!("cannot use {}", dir.display()))?;
+    let in_memory = match free {
+        Some(f) => format!("the {:.1} GB the job may fill", f as f64 / 1e9),
+        None => "memory".into(),
+    };
+    if room < size.saturating_add(1 << 30) {
+        return Err(format!(
+            "{:.1} GB fits neither in {in_memory} nor in {} ({:.1} GB free); give \
+             --stage-dir a node-local disk with room",
+            size as f64 / 1e9,
+            dir.display(),
+            room as f64 / 1e9
+        ));
+    }
+    let file = scratch::temp_file(&dir)
+        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
+    reserve(&file, size).map_err(|e| format!("cannot reserve room in {}: {e}", dir.display()))?;
+    Ok((file, Placed::Disk(dir)))
+}
+
+/// Allocates `size` bytes of `file`, where the file system can (else only its length).
+fn reserve(file: &File, size: u64) -> std::io::Result<()> {
+    // SAFETY: fallocate on a descriptor we own.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return file.set_len(size);
+    }
+    Err(e)
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes one struct, zero-initialised here, for a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0)
+        .then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
