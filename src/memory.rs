@@ -132,7 +132,8 @@ fn cgroup_headroom(self_cgroup: &str, root: &Path) -> Option<u64> {
                 (
                     num(&dir.join("memory.max")),
                     num(&dir.join("memory.current")),
-                    stat(&st, "file").map(|c: u64| c.saturating_sub(stat(&st, "shmem").unwrap_or(0))),
+                    stat(&st, "file")
+                        .map(|c: u64| c.saturating_sub(stat(&st, "shmem").unwrap_or(0))),
                 )
             } else {
                 (
@@ -209,7 +210,11 @@ mod tests {
         std::fs::create_dir_all(&v1).unwrap();
         std::fs::write(v1.join("memory.limit_in_bytes"), "8000\n").unwrap();
         std::fs::write(v1.join("memory.usage_in_bytes"), "7000\n").unwrap();
-        std::fs::write(v1.join("memory.stat"), "cache 10\ntotal_cache 1000\ntotal_shmem 0\n").unwrap();
+        std::fs::write(
+            v1.join("memory.stat"),
+            "cache 10\ntotal_cache 1000\ntotal_shmem 0\n",
+        )
+        .unwrap();
         std::fs::write(
             root.join("memory/memory.limit_in_bytes"),
             "9223372036854771712\n",

@@ -46,13 +46,8 @@ impl Sock {
 
     fn open() -> io::Result<Sock> {
         // SAFETY: socket makes a new descriptor; checked.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -328,9 +323,7 @@ impl NodeLock {
         loop {
             match listen(&name) {
                 Ok(Some(l)) => return Some(NodeLock(l)),
-                Ok(None) if Instant::now() < until => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
+                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
                 _ => return None,
             }
         }
@@ -385,7 +378,11 @@ mod tests {
         let (n, fds) = recv(&c, &mut buf).unwrap();
         assert_eq!((&buf[..n], fds.len()), (&b"hello"[..], 1));
         let (n, fds) = recv(&c, &mut buf).unwrap();
-        assert_eq!((&buf[..n], fds.len()), (&b"again"[..], 0), "messages ran together");
+        assert_eq!(
+            (&buf[..n], fds.len()),
+            (&b"again"[..], 0),
+            "messages ran together"
+        );
         drop(l);
         assert!(listen(&name).unwrap().is_some(), "not freed");
         drop(s);

@@ -275,7 +275,7 @@ fn the_node_local_copy_serves_every_read_once_made() {
         s3.apply_env(&mut cmd)
             .env("XDG_CACHE_HOME", &cache)
             .env("ARCHFS_LOG", "info")
-            .args(["mount", &format!("s3://data/{key}")])
+            .args(["mount", "--preload=always", &format!("s3://data/{key}")])
             .arg(&mnt)
             .arg("--log")
             .arg(&log);
@@ -774,11 +774,13 @@ fn a_first_mount_fetches_the_archive_about_once() {
         .arg(&log);
     run_ok(&mut cmd);
     let m = Mount { path: mnt };
-    assert!(wait_for(120, || std::fs::read_to_string(&log)
-        .is_ok_and(|t| t.contains(": copied to this node, "))));
+    // The copy starts once reads show an epoch (`auto`): the first files are fetched by
+    // their readers, the rest come from the copy.
     let ex = dir.join("ex");
     extract(&tar, &ex);
     common::suite::check_mount(&ex, &m.path, &CompareOpts::default(), "first mount");
+    assert!(wait_for(120, || std::fs::read_to_string(&log)
+        .is_ok_and(|t| t.contains(": copied to this node, "))));
     drop(m);
     let text = std::fs::read_to_string(&log).unwrap();
     let fetched: f64 = text

@@ -56,7 +56,7 @@ const SPAN_CACHE: usize = 32 << 20;
 /// Reads of files after which `Staging::Auto` makes the node's copy: the preload's rule
 /// for local archives (a training epoch gets there within a fraction of a second; a
 /// listing, `info` or a look at a few files never does).
-const AUTO_AFTER_READS: u64 = 128;
+pub(crate) const AUTO_AFTER_READS: u64 = 128;
 
 /// When a process makes the node's copy of an object. A copy another process of the job
 /// on the node made is read in every case.
@@ -162,8 +162,18 @@ impl RemoteObject {
                 s.make();
             }
         }
-        Ok(RemoteObject {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| {
+            if let (Some(s), Staging::Auto) = (&stage, options.stage) {
+                let me = me.clone();
+                s.on_start(Arc::new(move || {
+                    if let Some(inner) = me.upgrade() {
+                        if let Some(s) = &inner.stage {
+                            s.make();
+                        }
+                    }
+                }));
+            }
+            Inner {
                 stage,
                 staging: options.stage,
                 reads: std::sync::atomic::AtomicU64::new(0),
@@ -181,8 +191,9 @@ impl RemoteObject {
                 streams: Mutex::new(Vec::with_capacity(STREAMS)),
                 pending: Mutex::new(Vec::new()),
                 landed: Condvar::new(),
-            }),
-        })
+            }
+        });
+        Ok(RemoteObject { inner })
     }
 }
 
@@ -570,21 +581,29 @@ impl Inner {
     /// the node's copy (in the background: placing it may take a while).
     fn note_read(self: &Arc<Self>) {
         use std::sync::atomic::Ordering;
-        if self.staging != Staging::Auto
-            || self.reads.load(Ordering::Relaxed) >= AUTO_AFTER_READS
-            || self.reads.fetch_add(1, Ordering::Relaxed) + 1 != AUTO_AFTER_READS
-            || self.stage.is_none()
-        {
+        let Some(wanted) = &self.stage else {
+            return;
+        };
+        if self.staging != Staging::Auto || self.reads.load(Ordering::Relaxed) >= AUTO_AFTER_READS {
             return;
         }
-        let inner = self.clone();
-        let _ = std::thread::Builder::new()
-            .name("archfs-stage-start".into())
-            .spawn(move || {
-                if let Some(s) = &inner.stage {
-                    s.make();
-                }
-            });
+        if wanted.stage().is_some() {
+            self.reads.store(AUTO_AFTER_READS, Ordering::Relaxed);
+            return;
+        }
+        // Counted for the node (the hub starts the copy at its epoch), and here, in case
+        // the hub cannot be reached.
+        wanted.seen();
+        if self.reads.fetch_add(1, Ordering::Relaxed) + 1 == AUTO_AFTER_READS {
+            let inner = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("archfs-stage-start".into())
+                .spawn(move || {
+                    if let Some(s) = &inner.stage {
+                        s.make();
+                    }
+                });
+        }
     }
 }
 

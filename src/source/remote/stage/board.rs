@@ -88,8 +88,10 @@ unsafe impl Send for Board {}
 unsafe impl Sync for Board {}
 
 impl Board {
+    /// The head, then three words a piece: its state, its bytes arrived, the first
+    /// piece of the GET that took it.
     fn bytes(pieces: u64) -> usize {
-        std::mem::size_of::<Head>() + 16 * pieces as usize
+        std::mem::size_of::<Head>() + 24 * pieces as usize
     }
 
     /// Where the board of a copy of `size` bytes starts: past the data, at a boundary of
@@ -170,7 +172,7 @@ impl Board {
     }
 
     fn slot(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: slots follow the head, 8-byte aligned, within the mapping (2 per piece).
+        // SAFETY: slots follow the head, 8-byte aligned, within the mapping (3 per piece).
         unsafe { &*(self.base.add(std::mem::size_of::<Head>() + 8 * i) as *const AtomicU64) }
     }
 
@@ -185,13 +187,23 @@ impl Board {
     /// Moves piece `p` from `from` to `to`; false when it was not `from`.
     pub fn swap(&self, p: u64, from: Piece, to: Piece) -> bool {
         self.slot(p as usize)
-            .compare_exchange(from.encode(), to.encode(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                from.encode(),
+                to.encode(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 
     /// Bytes of arriving piece `p` in the copy, from its start.
     pub fn filled(&self, p: u64) -> &AtomicU64 {
         self.slot((self.pieces() + p) as usize)
+    }
+
+    /// The first piece of the GET that took piece `p`.
+    pub fn run(&self, p: u64) -> &AtomicU64 {
+        self.slot((2 * self.pieces() + p) as usize)
     }
 
     pub fn left(&self) -> &AtomicU64 {
@@ -224,7 +236,9 @@ impl Board {
     /// Gives back a place [`Board::enter`] took.
     pub fn leave(&self, pid: u32) {
         for c in &self.head().copiers {
-            if c.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if c.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return;
             }
         }
@@ -307,7 +321,12 @@ mod tests {
 
     #[test]
     fn pieces_encode_and_a_second_mapping_sees_the_first() {
-        for p in [Piece::Free, Piece::Taken(7), Piece::Arriving(4_194_304), Piece::Copied] {
+        for p in [
+            Piece::Free,
+            Piece::Taken(7),
+            Piece::Arriving(4_194_304),
+            Piece::Copied,
+        ] {
             assert_eq!(Piece::decode(p.encode()), p);
         }
         let file = crate::source::scratch::memfd().unwrap();

@@ -11,8 +11,14 @@
 //! the name, the others connect to it and offer again what they hold, so the copies live
 //! while any process holds them and are gone with the last, however each ends.
 //!
+//! The hub also counts the node's reads of files of each object wanted (`seen`), and
+//! tells the process whose read makes them [`START_AFTER`] to make the copy (`start`):
+//! the node's first epoch, not each process's, starts it, so sixteen processes do not
+//! each fetch their first files alone first.
+//!
 //! Messages are one line, `want ID`, `have ID` (with the descriptor), `copy ID` (with
-//! it) or `none ID`, where ID is the object's identity with no newline in it.
+//! it), `none ID`, `seen ID` or `start ID`, where ID is the object's identity with no
+//! newline in it.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -32,6 +38,13 @@ const LINE: usize = 8192;
 /// Where a copy of one object arrives in this process.
 pub type Slot = Arc<OnceLock<File>>;
 
+/// What makes this process's copy of an object, when the hub says so.
+pub type Starter = Arc<dyn Fn() + Send + Sync>;
+
+/// Reads of files of an object, over the node, after which its copy is made: the
+/// preload's rule for a local archive, for the node.
+pub const START_AFTER: u64 = super::super::AUTO_AFTER_READS;
+
 /// This process's side: the hub itself, or a connection to it.
 struct Hub {
     name: String,
@@ -48,6 +61,10 @@ struct State {
     role: Role,
     /// Identities the hub answered since this process asked.
     answered: HashSet<String>,
+    /// What makes the copy of each object this process may copy.
+    starters: HashMap<String, Starter>,
+    /// Being the hub: reads of each object's files seen on the node, until started.
+    counts: HashMap<String, u64>,
 }
 
 #[derive(Default)]
@@ -104,6 +121,46 @@ pub fn want(id: &str) -> Slot {
     slot
 }
 
+/// Registers what makes this process's copy of `id` when the node's reads show an
+/// epoch.
+pub fn on_start(id: &str, starter: Starter) {
+    hub().state.lock().starters.insert(id.to_owned(), starter);
+}
+
+/// A read of a file of `id` in this process (sent for its first [`START_AFTER`] only).
+pub fn seen(id: &str) {
+    let hub = hub();
+    let mut st = hub.state.lock();
+    let st = &mut *st;
+    match &st.role {
+        Role::Alone => {}
+        Role::Member(conn) => {
+            let _ = send(conn, &format!("seen {id}"), None);
+        }
+        Role::Serving { .. } => {
+            if count(&mut st.counts, &st.slots, id) {
+                start(st.starters.get(id));
+            }
+        }
+    }
+}
+
+/// Counts a read of `id` on the node; true for the read that should start its copy.
+fn count(counts: &mut HashMap<String, u64>, slots: &HashMap<String, Slot>, id: &str) -> bool {
+    let n = counts.entry(id.to_owned()).or_default();
+    *n += 1;
+    *n == START_AFTER && slots.get(id).is_none_or(|s| s.get().is_none())
+}
+
+/// Runs `starter` on a thread of its own (making a copy waits on the node's lock).
+fn start(starter: Option<&Starter>) {
+    if let Some(f) = starter.cloned() {
+        let _ = std::thread::Builder::new()
+            .name("archfs-stage-start".into())
+            .spawn(move || f());
+    }
+}
+
 /// The node's copy of `id`: the one some process made, else the one `make` makes, given
 /// to every process that wants it. Runs under the node's lock on placing copies, so two
 /// processes never make the same one.
@@ -112,7 +169,7 @@ pub fn make_or_join(id: &str, make: impl FnOnce() -> Option<File>) -> Option<Slo
     if slot.get().is_some() {
         return Some(slot);
     }
-    let _lock = node::NodeLock::take("place", Duration::from_secs(60));
+    let _lock = node::NodeLock::take(super::place::LOCK, Duration::from_secs(60));
     let hub = hub();
     hub.ask(id, &slot); // made while we waited for the lock?
     if slot.get().is_some() {
@@ -257,14 +314,18 @@ impl Hub {
     fn on_ready(&self, fd: RawFd) {
         let mut st = self.state.lock();
         let st = &mut *st;
-        match &mut st.role {
+        let State {
+            slots,
+            role,
+            counts,
+            ..
+        } = &mut *st;
+        match role {
             Role::Alone => {}
-            Role::Member(conn) if conn.as_raw_fd() == fd => {
-                match receive(conn) {
-                    Some((line, file)) => self.from_hub(st, &line, file),
-                    _ => self.take_over(st),
-                }
-            }
+            Role::Member(conn) if conn.as_raw_fd() == fd => match receive(conn) {
+                Some((line, file)) => self.from_hub(st, &line, file),
+                _ => self.take_over(st),
+            },
             Role::Member(_) => {}
             Role::Serving { listener, peers } if listener.as_raw_fd() == fd => {
                 while let Ok(Some((conn, _pid))) = node::accept(listener) {
@@ -279,7 +340,7 @@ impl Hub {
                     return;
                 };
                 match receive(&peers[i].conn) {
-                    Some((line, file)) => serve(&mut st.slots, peers, i, &line, file),
+                    Some((line, file)) => serve(slots, counts, peers, i, &line, file),
                     _ => {
                         peers.swap_remove(i);
                     }
@@ -298,6 +359,9 @@ impl Hub {
         }
         if matches!(verb, "copy" | "none") {
             st.answered.insert(id.to_owned());
+        }
+        if verb == "start" {
+            start(st.starters.get(id));
         }
         self.answered.notify_all();
     }
@@ -323,9 +387,21 @@ impl Hub {
 }
 
 /// The hub answers peer `i`'s message.
-fn serve(slots: &mut HashMap<String, Slot>, peers: &mut [Peer], i: usize, line: &str, file: Option<File>) {
+fn serve(
+    slots: &mut HashMap<String, Slot>,
+    counts: &mut HashMap<String, u64>,
+    peers: &mut [Peer],
+    i: usize,
+    line: &str,
+    file: Option<File>,
+) {
     let (verb, id) = line.split_once(' ').unwrap_or((line, ""));
     match (verb, file) {
+        ("seen", _) => {
+            if count(counts, slots, id) {
+                let _ = send(&peers[i].conn, &format!("start {id}"), None);
+            }
+        }
         ("want", _) => {
             if !peers[i].wants.iter().any(|w| w == id) {
                 peers[i].wants.push(id.to_owned());

@@ -45,6 +45,10 @@ const PART: u64 = 256 << 10;
 /// before them (at 1 Gbit/s shared by 8 streams, ~70 ms: about a GET at 50 ms); else it
 /// fetches its own. Waiting for a whole piece cost a read up to ~270 ms there.
 const WAIT: u64 = 1 << 20;
+/// A read of a piece taken for a GET under way waits when at most this much of the GET
+/// is still to come before it (a few pieces at 1 Gbit/s: ~130 ms); else it fetches
+/// its own bytes, and the node fetches them twice.
+const WAIT_TAKEN: u64 = 4 * PIECE;
 /// A reader waiting for bytes that do not move for this long checks that their copier
 /// still runs, and fetches its own if not.
 const STALL: Duration = Duration::from_millis(500);
@@ -111,16 +115,27 @@ pub struct Wanted {
     progress: bool,
     /// The fork generation the slot was asked for in.
     asked: AtomicU64,
+    /// What makes the copy when the node's reads show an epoch.
+    starter: Starting,
+}
+
+#[derive(Default)]
+struct Starting(OnceLock<hub::Starter>);
+
+impl std::fmt::Debug for Starting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Starting(set)"
+        } else {
+            "Starting"
+        })
+    }
 }
 
 impl Wanted {
     /// The copy of `object` another process of the job on this node made, if there is
     /// one; if not, one arrives when some process makes it.
-    pub fn find(
-        object: Object,
-        dir: Option<&Path>,
-        progress: bool,
-    ) -> Option<Wanted> {
+    pub fn find(object: Object, dir: Option<&Path>, progress: bool) -> Option<Wanted> {
         if object.size == 0 {
             return None;
         }
@@ -132,7 +147,20 @@ impl Wanted {
             dir: dir.map(Path::to_owned),
             progress,
             asked: AtomicU64::new(generation()),
+            starter: Starting::default(),
         })
+    }
+
+    /// Makes the copy with `starter` when the hub says the node's reads show an epoch.
+    pub fn on_start(&self, starter: hub::Starter) {
+        let _ = self.starter.0.set(starter.clone());
+        hub::on_start(&self.object.identity(), starter);
+    }
+
+    /// A read of a file, counted for the node.
+    pub fn seen(&self) {
+        self.refresh();
+        hub::seen(&self.object.identity());
     }
 
     /// Makes the copy unless some process of the job on the node has.
@@ -182,21 +210,7 @@ impl Wanted {
 
     /// The copy, once this process has it.
     pub fn stage(&self) -> Option<&Arc<Stage>> {
-        let now = generation();
-        if self.asked.load(Ordering::Relaxed) != now {
-            // A forked child: the parent's hub is not ours; ask ours, and offer the
-            // copy inherited so the node keeps finding it.
-            self.asked.store(now, Ordering::Relaxed);
-            let id = self.object.identity();
-            let slot = hub::want(&id);
-            if let Some(Some(stage)) = self.stage.get() {
-                if slot.get().is_none() {
-                    if let Ok(f) = stage.board.file().try_clone() {
-                        hub::hold(&id, f);
-                    }
-                }
-            }
-        }
+        self.refresh();
         if let Some(found) = self.stage.get() {
             let stage = found.as_ref()?;
             stage.pool_here();
@@ -209,6 +223,29 @@ impl Wanted {
             .as_ref()?;
         stage.pool_here();
         Some(stage)
+    }
+}
+
+impl Wanted {
+    /// In a forked child, the parent's tie to the hub is not ours: ask ours, say what
+    /// starts the copy, and offer the copy inherited so the node keeps finding it.
+    fn refresh(&self) {
+        let now = generation();
+        if self.asked.swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        let id = self.object.identity();
+        if let Some(starter) = self.starter.0.get() {
+            hub::on_start(&id, starter.clone());
+        }
+        let slot = hub::want(&id);
+        if let Some(Some(stage)) = self.stage.get() {
+            if slot.get().is_none() {
+                if let Ok(f) = stage.board.file().try_clone() {
+                    hub::hold(&id, f);
+                }
+            }
+        }
     }
 }
 
@@ -228,7 +265,9 @@ impl Stage {
                 format!("copying {} to this node", object.target.name),
                 object.size,
             );
-            bar.set_position((object.size.div_ceil(PIECE) - board.left().load(Ordering::Acquire)) * PIECE);
+            bar.set_position(
+                (object.size.div_ceil(PIECE) - board.left().load(Ordering::Acquire)) * PIECE,
+            );
             bar
         });
         Some(Arc::new(Stage {
@@ -264,33 +303,43 @@ impl Stage {
         let at = first * PIECE;
         let len = ((first + n) * PIECE).min(size) - at;
         let etag = self.object.etag.as_deref();
-        self.board.swap(first, Piece::Taken(me), Piece::Arriving(me));
+        self.board
+            .swap(first, Piece::Taken(me), Piece::Arriving(me));
         let end = first + n;
-        let fetched =
-            self.object
-                .client
-                .get_parts(&self.object.target, etag, (at, len), PART, |pos, bytes| {
-                    self.file()
-                        .write_all_at(bytes, pos)
-                        .map_err(|e| format!("writing the node-local copy: {e}"))?;
-                    let p = pos / PIECE;
-                    let upto = pos + bytes.len() as u64;
-                    let piece_end = ((p + 1) * PIECE).min(size);
-                    if upto < piece_end {
-                        if self.board.piece(p) == Piece::Arriving(me) {
-                            self.board.filled(p).store(upto - p * PIECE, Ordering::Release);
-                            self.board.wake();
-                        }
-                        return Ok(());
+        let fetched = self.object.client.get_parts(
+            &self.object.target,
+            etag,
+            (at, len),
+            PART,
+            |pos, bytes| {
+                self.file()
+                    .write_all_at(bytes, pos)
+                    .map_err(|e| format!("writing the node-local copy: {e}"))?;
+                let p = pos / PIECE;
+                let upto = pos + bytes.len() as u64;
+                let piece_end = ((p + 1) * PIECE).min(size);
+                if upto < piece_end {
+                    if self.board.piece(p) == Piece::Arriving(me) {
+                        self.board
+                            .filled(p)
+                            .store(upto - p * PIECE, Ordering::Release);
+                        self.board.wake();
                     }
-                    if p + 1 < end {
-                        self.board.swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
-                    }
-                    self.landed(p, piece_end - p * PIECE);
-                    Ok(())
-                });
+                    return Ok(());
+                }
+                if p + 1 < end {
+                    self.board
+                        .swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
+                }
+                self.landed(p, piece_end - p * PIECE);
+                Ok(())
+            },
+        );
         if let Err(e) = fetched {
-            tracing::warn!("{}: the copy to this node stopped: {e}", self.object.target.name);
+            tracing::warn!(
+                "{}: the copy to this node stopped: {e}",
+                self.object.target.name
+            );
             self.fail();
             return false;
         }
@@ -301,7 +350,6 @@ impl Stage {
     /// so the last GETs end together. Pieces held by processes that ended are freed.
     fn claim(&self) -> Option<(u64, u64)> {
         let pieces = self.board.pieces();
-        let me = Self::me();
         let mut p = self.board.next().load(Ordering::Acquire);
         let mut swept = false;
         loop {
@@ -320,25 +368,56 @@ impl Stage {
                 p = self.board.next().load(Ordering::Acquire);
                 continue;
             }
-            if !self.board.swap(p, Piece::Free, Piece::Taken(me)) {
+            let want = ((pieces - p) / (2 * WORKERS as u64)).clamp(1, RUN);
+            let n = self.take(p, want);
+            if n == 0 {
                 p += 1;
                 continue;
-            }
-            self.board.filled(p).store(0, Ordering::Release);
-            let want = ((pieces - p) / (2 * WORKERS as u64)).clamp(1, RUN);
-            let mut n = 1;
-            while n < want && p + n < pieces && self.board.swap(p + n, Piece::Free, Piece::Taken(me)) {
-                self.board.filled(p + n).store(0, Ordering::Release);
-                n += 1;
             }
             self.board.next().fetch_max(p + n, Ordering::AcqRel);
             return Some((p, n));
         }
     }
 
+    /// Takes up to `want` free pieces from `first` on for one GET of this process's;
+    /// how many it took (0: `first` was not free).
+    fn take(&self, first: u64, want: u64) -> u64 {
+        let me = Self::me();
+        let mut n = 0;
+        while n < want && first + n < self.board.pieces() {
+            let p = first + n;
+            if !self.board.swap(p, Piece::Free, Piece::Taken(me)) {
+                break;
+            }
+            self.board.run(p).store(first, Ordering::Release);
+            self.board.filled(p).store(0, Ordering::Release);
+            n += 1;
+        }
+        n
+    }
+
+    /// Bytes still to come in the GET that took piece `p` before it arrives.
+    fn to_come(&self, p: u64) -> u64 {
+        let run = self.board.run(p).load(Ordering::Acquire).min(p);
+        for a in (run..p).rev() {
+            match self.board.piece(a) {
+                Piece::Arriving(_) => {
+                    let f = self.board.filled(a).load(Ordering::Acquire);
+                    return ((p - a) * PIECE).saturating_sub(f);
+                }
+                Piece::Copied => return 0,
+                _ => {}
+            }
+        }
+        (p - run) * PIECE
+    }
+
     /// Piece `p` (`len` bytes) is in the copy.
     fn landed(&self, p: u64, len: u64) {
-        if !self.board.swap(p, Piece::Arriving(Self::me()), Piece::Copied) {
+        if !self
+            .board
+            .swap(p, Piece::Arriving(Self::me()), Piece::Copied)
+        {
             return; // freed as orphaned meanwhile and taken again: the other counts it
         }
         let left = self.board.left().fetch_sub(1, Ordering::AcqRel) - 1;
@@ -396,25 +475,29 @@ impl Stage {
             _ => false,
         };
         if !(first..=last).all(staged) {
-            // A read of the very next piece (a scan at the front of the copy) takes it
-            // and copies it here, rather than fetching its own span and the copy the
-            // piece again.
-            if first == last
-                && board.piece(first) == Piece::Free
-                && first == board.next().load(Ordering::Acquire)
-                && board.swap(first, Piece::Free, Piece::Taken(Self::me()))
-            {
-                board.filled(first).store(0, Ordering::Release);
-                board.next().fetch_max(first + 1, Ordering::AcqRel);
-                if !self.copy(first, 1) {
-                    return Ok(Found::Fetch);
+            // Pieces no GET has taken are copied here, whole, and read from the copy:
+            // every byte the node fetches goes into it once.
+            let pieces = last - first + 1;
+            if (first..=last).all(|p| board.piece(p) == Piece::Free) {
+                let n = self.take(first, pieces);
+                if n == pieces {
+                    if !self.copy(first, n) {
+                        return Ok(Found::Fetch);
+                    }
+                } else {
+                    // Another process took one meanwhile: give back what was taken.
+                    let me = Piece::Taken(Self::me());
+                    (first..first + n).for_each(|p| {
+                        board.swap(p, me, Piece::Free);
+                    });
                 }
             }
             // Wait only for bytes about to arrive; the rest of a GET may be far off.
             let far = |p: u64| match board.piece(p) {
                 Piece::Copied => false,
                 Piece::Arriving(_) => short(p) > WAIT,
-                _ => true,
+                Piece::Taken(_) => self.to_come(p) > WAIT_TAKEN,
+                Piece::Free => true,
             };
             if (first..=last).any(far) {
                 return Ok(Found::Fetch);

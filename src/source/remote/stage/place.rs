@@ -5,13 +5,13 @@
 //! disk's free blocks) show it to the next process that decides: concurrent starts on a
 //! node never promise the same memory twice.
 
+use crate::source::scratch;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::time::Duration;
 
-use crate::node::NodeLock;
-use crate::source::scratch;
+/// The node-wide lock ([`crate::node::NodeLock`]) under which copies are placed.
+pub const LOCK: &str = "place";
 
 /// Where the copy went, for the log.
 pub enum Placed {
@@ -20,9 +20,8 @@ pub enum Placed {
 }
 
 /// A file of `size` bytes, its room taken, and where it is; the error says why there
-/// is none.
+/// is none. The caller holds the node's lock on placing ([`LOCK`]).
 pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), String> {
-    let _lock = NodeLock::take("place", Duration::from_secs(60));
     let free = crate::memory::available_now();
     let fits = free.is_none_or(|free| (size as f64) < free as f64 * 0.75);
     if fits {
