@@ -226,6 +226,20 @@ impl<V: Weighted> BlockCache<V> {
         }
     }
 
+    /// Drops every block whose key `gone` picks (those of an archive read elsewhere
+    /// from now on); readers holding one keep it.
+    pub fn forget(&self, gone: impl Fn(u64) -> bool) {
+        for shard in self.shards.iter() {
+            let mut s = shard.lock();
+            let keys: Vec<u64> = s.map.iter().map(|(k, _)| *k).filter(|&k| gone(k)).collect();
+            for k in keys {
+                if let Some(slot) = s.map.pop(&k) {
+                    s.bytes -= slot.charged.load(Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Bytes currently held (for tests and `--debug` statistics).
     pub fn bytes(&self) -> usize {
         self.shards.iter().map(|s| s.lock().bytes).sum()

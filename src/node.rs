@@ -298,6 +298,37 @@ pub fn recv_fds(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> 
     Ok((n, fds))
 }
 
+/// What names a set of archives alike in every process of the job: a local file by its
+/// device, inode, size and change time (the same file under another path is the same
+/// archive), anything else (a URL) as written; hashed, for a name.
+pub fn archives_key(paths: &[std::path::PathBuf]) -> String {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in paths {
+        match std::fs::metadata(p) {
+            Ok(m) => (m.dev(), m.ino(), m.size(), m.ctime(), m.ctime_nsec()).hash(&mut h),
+            Err(_) => p.hash(&mut h),
+        }
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// Whether this process is the first of the job on the node to ask for `what` of
+/// `key`; the first keeps it until it ends (a forked child does not inherit it). A name
+/// that cannot be had for another reason (another user holds it) answers yes: the work
+/// is done twice rather than not at all.
+pub fn first_for(what: &str, key: &str) -> bool {
+    match listen(&name(what, key)) {
+        Ok(Some(sock)) => {
+            std::mem::forget(sock);
+            true
+        }
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn running(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

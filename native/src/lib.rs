@@ -94,10 +94,13 @@ impl Archive {
         let opened = py.detach(|| open_many(&paths, &cache, &options));
         let name = paths[0].as_os_str().as_bytes().to_vec();
         let inner = opened.map_err(|e| open_error(e, &name))?;
+        // One process of the job on the node preloads (DataLoader's workers and every
+        // rank open the same archive).
+        let key = archfs::node::archives_key(&paths);
         let trigger = match preload {
-            "auto" => Some(Trigger::new(inner.extents())),
+            "auto" => Some(Trigger::new(inner.extents()).once_per_node(key)),
             "always" => {
-                Plan::new(inner.extents(), archfs::memory::available()).start();
+                Plan::new(inner.extents(), archfs::memory::available()).start_once_per_node(&key);
                 None
             }
             _ => None,
@@ -520,6 +523,9 @@ fn open_error(e: Error, path: &[u8]) -> PyErr {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Warnings (a copy that does not fit, a hub that does not answer) on stderr, as
+    // the command line gives them; more with ARCHFS_LOG.
+    archfs::job::init_logging(false, false);
     m.add_class::<Archive>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

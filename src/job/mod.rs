@@ -228,7 +228,7 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
         redirect_stderr(None)?;
     }
     if let Some(plan) = plan {
-        plan.start();
+        plan.start_once_per_node(&crate::node::archives_key(&s.archives));
     }
     if s.shared {
         watch_users(Registry::of(mount.path()), tx)?;
@@ -274,7 +274,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
     watch_signals(&FORWARDED, tx.clone());
     let (mut mount, plan) = open_and_mount(s, tx.clone(), false)?;
     if let Some(plan) = plan {
-        plan.start();
+        plan.start_once_per_node(&crate::node::archives_key(&s.archives));
     }
     mount.start_listing(false);
     let mut cmd = Command::new(&command[0]);
@@ -488,22 +488,37 @@ fn open_and_mount(
     // `always` into --stage-dir.
     // Files of listed directories are pushed into the page cache once reads show an
     // epoch (src/warm/push.rs).
+    // One mount of the job on the node pushes: eight ranks' mounts would each hold the
+    // whole tree in the page cache.
     let push = (s.preload != Preload::Never).then(|| Arc::new(Pusher::new(archive.clone())));
+    let key = crate::node::archives_key(&s.archives);
     let start_push = {
         let push = push.clone();
-        move || push.iter().for_each(Pusher::start)
+        let key = key.clone();
+        move || {
+            let Some(p) = &push else {
+                return;
+            };
+            if crate::node::first_for("push", &key) {
+                p.start();
+            } else {
+                tracing::info!("another mount of this job on this node pushes the files");
+            }
+        }
     };
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
         Preload::Auto => {
             archive.decode_ahead(Ahead::Far);
             let a = Arc::downgrade(&archive);
-            let trigger = Trigger::new(archive.extents()).then(move || {
-                if let Some(a) = a.upgrade() {
-                    a.decode_ahead(Ahead::Memory);
-                }
-                start_push();
-            });
+            let trigger = Trigger::new(archive.extents())
+                .once_per_node(key)
+                .then(move || {
+                    if let Some(a) = a.upgrade() {
+                        a.decode_ahead(Ahead::Memory);
+                    }
+                    start_push();
+                });
             (Some(Arc::new(trigger)), None)
         }
         Preload::Always => {
@@ -574,8 +589,9 @@ impl Ready {
     }
 }
 
-/// `to_file`: stderr is about to go to a --log file, so no colour codes.
-pub(crate) fn init_logging(debug: bool, to_file: bool) {
+/// `to_file`: stderr is about to go to a --log file, so no colour codes. Also what the
+/// in-process reader logs with (warnings, or what `ARCHFS_LOG` asks for).
+pub fn init_logging(debug: bool, to_file: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
     });

@@ -28,6 +28,11 @@ impl Buf {
         v.resize(len, 0);
         Buf(v)
     }
+
+    /// Keeps the first `len` bytes.
+    pub fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
 }
 
 impl Deref for Buf {

@@ -39,6 +39,9 @@ pub struct Trigger {
     starts: AtomicU64,
     extents: Mutex<Option<Vec<Extent>>>,
     then: Mutex<Option<Then>>,
+    /// The archives' key ([`crate::node::archives_key`]): one process of the job on the
+    /// node preloads them.
+    node_key: Mutex<Option<String>>,
 }
 
 /// What else starts with the preload (decoding a compressed archive ahead).
@@ -56,7 +59,14 @@ impl Trigger {
             starts: AtomicU64::new(0),
             extents: Mutex::new(Some(extents)),
             then: Mutex::new(None),
+            node_key: Mutex::new(None),
         }
+    }
+
+    /// Preloads only in the first process of the job on the node to get there.
+    pub fn once_per_node(self, key: String) -> Trigger {
+        *self.node_key.lock() = Some(key);
+        self
     }
 
     /// Runs `then` as well when the preload starts.
@@ -85,7 +95,10 @@ impl Trigger {
                 human(plan.bytes())
             ),
         }
-        plan.start();
+        match self.node_key.lock().as_deref() {
+            Some(key) => plan.start_once_per_node(key),
+            None => plan.start(),
+        }
         if let Some(Then(then)) = self.then.lock().take() {
             then();
         }
@@ -140,6 +153,19 @@ impl Plan {
     }
 
     /// Starts the readers on a background thread and returns at once.
+    /// Starts the reading unless another process of the job on the node has (its page
+    /// cache is this one's).
+    pub fn start_once_per_node(self, key: &str) {
+        if self.extents.is_empty() {
+            return;
+        }
+        if crate::node::first_for("preload", key) {
+            self.start();
+        } else {
+            tracing::info!("another process of this job on this node preloads the archive");
+        }
+    }
+
     pub fn start(self) {
         if self.extents.is_empty() {
             return;

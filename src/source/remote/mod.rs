@@ -107,6 +107,8 @@ struct Inner {
     staging: Staging,
     /// Reads of files so far, up to [`AUTO_AFTER_READS`].
     reads: std::sync::atomic::AtomicU64,
+    /// The node's copy reached this process, and what was fetched before was let go.
+    staged: std::sync::atomic::AtomicBool,
     /// The object's first bytes, fetched with its size: a format's first reads.
     first: Box<[u8]>,
     /// Where recent large reads ended, and how far past that was fetched ahead.
@@ -177,6 +179,7 @@ impl RemoteObject {
                 stage,
                 staging: options.stage,
                 reads: std::sync::atomic::AtomicU64::new(0),
+                staged: std::sync::atomic::AtomicBool::new(false),
                 first: meta.first.into_boxed_slice(),
                 client,
                 name: PathBuf::from(location.name()),
@@ -574,7 +577,18 @@ impl RemoteObject {
 impl Inner {
     /// The node's copy, once there is one.
     fn stage(&self) -> Option<&Arc<stage::Stage>> {
-        self.stage.as_ref()?.stage()
+        use std::sync::atomic::Ordering;
+        let stage = self.stage.as_ref()?.stage()?;
+        if !self.staged.load(Ordering::Relaxed) && !self.staged.swap(true, Ordering::Relaxed) {
+            // Every read is served from the copy now: what was fetched for reads
+            // before it is let go (a mount on each of 8 ranks held ~150 MB of it).
+            let id = self.id;
+            chunks().forget(|k| k >> 40 == id);
+            let mut spans = spans().lock();
+            spans.list.retain(|(i, _, _)| *i != id);
+            spans.bytes = spans.list.iter().map(|(_, _, b)| b.len()).sum();
+        }
+        Some(stage)
     }
 
     /// Counts a read of a file; with `Staging::Auto`, the one that shows an epoch makes
@@ -714,7 +728,9 @@ impl Storage for RemoteObject {
     }
 
     fn will_need(&self, at: u64, len: u64) {
-        if !self.copying() {
+        // Not when the node's copy will serve the scan: what read-ahead fetched would be
+        // fetched again into the copy (and held in every process).
+        if self.inner.staging == Staging::Never && self.inner.stage().is_none() {
             ahead().push(self.inner.clone(), at, len, false);
         }
     }

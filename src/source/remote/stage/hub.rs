@@ -56,8 +56,11 @@ struct Hub {
 
 #[derive(Default)]
 struct State {
-    /// The copies this process wants, with those it holds.
+    /// Copies by identity: those this process wants, and, being the hub, those its
+    /// peers want. The hub lets a copy go when no process wants it any more.
     slots: HashMap<String, Slot>,
+    /// How many objects of this process's want each identity.
+    mine: HashMap<String, usize>,
     role: Role,
     /// Identities the hub answered since this process asked.
     answered: HashSet<String>,
@@ -109,6 +112,12 @@ fn hub() -> &'static Hub {
 /// The node's copy of `id`, if one exists; from now on a copy made by any process arrives
 /// in the slot returned.
 pub fn want(id: &str) -> Slot {
+    *hub().state.lock().mine.entry(id.to_owned()).or_default() += 1;
+    slot(id)
+}
+
+/// The slot of `id`, asked of the hub when new here.
+fn slot(id: &str) -> Slot {
     let hub = hub();
     let mut st = hub.state.lock();
     if let Some(slot) = st.slots.get(id) {
@@ -119,6 +128,49 @@ pub fn want(id: &str) -> Slot {
     drop(st);
     hub.ask(id, &slot);
     slot
+}
+
+/// An object of this process's that wanted `id` is gone; the last lets the copy go here
+/// (and at the hub once no process wants it).
+pub fn unwant(id: &str) {
+    let hub = hub();
+    let mut st = hub.state.lock();
+    let st = &mut *st;
+    match st.mine.get_mut(id) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            return;
+        }
+        Some(_) => {
+            st.mine.remove(id);
+        }
+        None => return,
+    }
+    st.starters.remove(id);
+    match &mut st.role {
+        Role::Serving { peers, .. } => prune(&mut st.slots, &st.mine, &mut st.counts, peers, id),
+        Role::Member(conn) => {
+            let _ = send(conn, &format!("unwant {id}"), None);
+            st.slots.remove(id);
+        }
+        Role::Alone => {
+            st.slots.remove(id);
+        }
+    }
+}
+
+/// Being the hub: lets the copy of `id` go when neither this process nor a peer wants it.
+fn prune(
+    slots: &mut HashMap<String, Slot>,
+    mine: &HashMap<String, usize>,
+    counts: &mut HashMap<String, u64>,
+    peers: &[Peer],
+    id: &str,
+) {
+    if !mine.contains_key(id) && !peers.iter().any(|p| p.wants.iter().any(|w| w == id)) {
+        slots.remove(id);
+        counts.remove(id);
+    }
 }
 
 /// Registers what makes this process's copy of `id` when the node's reads show an
@@ -165,7 +217,7 @@ fn start(starter: Option<&Starter>) {
 /// to every process that wants it. Runs under the node's lock on placing copies, so two
 /// processes never make the same one.
 pub fn make_or_join(id: &str, make: impl FnOnce() -> Option<File>) -> Option<Slot> {
-    let slot = want(id);
+    let slot = slot(id);
     if slot.get().is_some() {
         return Some(slot);
     }
@@ -187,7 +239,7 @@ pub fn make_or_join(id: &str, make: impl FnOnce() -> Option<File>) -> Option<Slo
 /// Holds `file` as this process's copy of `id` and offers it to the node (a forked
 /// child keeping what its parent had).
 pub fn hold(id: &str, file: File) {
-    let slot = want(id);
+    let slot = slot(id);
     if slot.get().is_none() {
         if let Ok(offered) = file.try_clone() {
             let _ = slot.set(file);
@@ -316,6 +368,7 @@ impl Hub {
         let st = &mut *st;
         let State {
             slots,
+            mine,
             role,
             counts,
             ..
@@ -340,9 +393,12 @@ impl Hub {
                     return;
                 };
                 match receive(&peers[i].conn) {
-                    Some((line, file)) => serve(slots, counts, peers, i, &line, file),
+                    Some((line, file)) => serve(slots, mine, counts, peers, i, &line, file),
                     _ => {
-                        peers.swap_remove(i);
+                        let gone = peers.swap_remove(i);
+                        for id in &gone.wants {
+                            prune(slots, mine, counts, peers, id);
+                        }
                     }
                 }
             }
@@ -389,6 +445,7 @@ impl Hub {
 /// The hub answers peer `i`'s message.
 fn serve(
     slots: &mut HashMap<String, Slot>,
+    mine: &HashMap<String, usize>,
     counts: &mut HashMap<String, u64>,
     peers: &mut [Peer],
     i: usize,
@@ -412,7 +469,14 @@ fn serve(
                 None => send(&peers[i].conn, &format!("none {id}"), None),
             };
         }
+        ("unwant", _) => {
+            peers[i].wants.retain(|w| w != id);
+            prune(slots, mine, counts, peers, id);
+        }
         ("have", Some(f)) => {
+            if !peers[i].wants.iter().any(|w| w == id) {
+                peers[i].wants.push(id.to_owned());
+            }
             let slot = slots.entry(id.to_owned()).or_default();
             if slot.get().is_none() {
                 let _ = slot.set(f);

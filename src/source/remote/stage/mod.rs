@@ -226,6 +226,14 @@ impl Wanted {
     }
 }
 
+impl Drop for Wanted {
+    fn drop(&mut self) {
+        if self.asked.load(Ordering::Relaxed) == generation() {
+            hub::unwant(&self.object.identity());
+        }
+    }
+}
+
 impl Wanted {
     /// In a forked child, the parent's tie to the hub is not ours: ask ours, say what
     /// starts the copy, and offer the copy inherited so the node keeps finding it.

@@ -1,0 +1,441 @@
+"""One copy of a remote archive per node, for every process of a job: mounts without
+--shared, in-process readers (archfs.open_archive) in forked and spawned workers, as
+DataLoader starts them. Against a real S3 server (test_remote's), behind a proxy in this
+test that counts the bytes the server sent; as root inside a memory cgroup smaller than
+two copies (the OOM killer's count read from the cgroup), and as an ordinary user.
+
+A job's processes are told apart from another job's by SLURM_JOB_ID, as on a cluster:
+each test runs as a job of its own."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+
+from archfs._binary import find_archfs
+from test_archfs import DEADLINE, wait_for  # noqa: E402 - the suite's own helpers
+from test_remote import s3  # noqa: F401 - the module's S3 server (a fixture)
+
+ROOT = os.geteuid() == 0
+MiB = 1 << 20
+# The object the ranks share: ImageFolder-like, 10 classes of ~110 KiB files.
+SIZE = int(os.environ.get("ARCHFS_TEST_NODE_MIB", "1024")) * MiB
+FILE = 110 << 10
+
+
+class CountingProxy:
+    """Forwards TCP connections to the S3 server, counting the bytes it sends back;
+    `rate` (bytes/s), when given, paces them, so a copy takes a while."""
+
+    def __init__(self, upstream_port, rate=None):
+        self.sent = 0
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(256)
+        self.port = self.listener.getsockname()[1]
+        self.upstream = upstream_port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self):
+        with self.lock:
+            self.sent = 0
+            self.started = time.monotonic()
+
+    def _accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for a, b, down in [(client, server, False), (server, client, True)]:
+                threading.Thread(target=self._pump, args=(a, b, down), daemon=True).start()
+
+    def _pump(self, src, dst, down):
+        buf = bytearray(1 << 20)
+        try:
+            while True:
+                n = src.recv_into(buf)
+                if n == 0:
+                    break
+                if down:
+                    with self.lock:
+                        self.sent += n
+                        ahead = self.sent / self.rate - (time.monotonic() - self.started) \
+                            if self.rate else 0
+                    if ahead > 0:
+                        time.sleep(ahead)
+                dst.sendall(memoryview(buf)[:n])
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class MemoryCgroup:
+    """A cgroup with a hard memory limit under this process's own (v1, as on these
+    machines, or v2); processes started with `preexec` run in it from their first
+    instruction."""
+
+    def __init__(self, limit):
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        v1 = [line.split(":memory:", 1)[1] for line in own if ":memory:" in line]
+        name = f"archfs-node-copy-{os.getpid()}"
+        if v1:
+            self.path = Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/") / name
+            self.v2 = False
+        else:
+            rel = next(line[3:] for line in own if line.startswith("0::"))
+            parent = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            (parent / "cgroup.subtree_control").write_text("+memory")
+            self.path = parent / name
+            self.v2 = True
+        self.path.mkdir()
+        (self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(str(limit))
+
+    def preexec(self):
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def procs(self):
+        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+
+    def stat(self, key):
+        for line in (self.path / "memory.stat").read_text().splitlines():
+            k, v = line.split()
+            if k == key:
+                return int(v)
+        return 0
+
+    def shmem(self):
+        return self.stat("shmem" if self.v2 else "total_shmem")
+
+    def oom_kills(self):
+        text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        return sum(int(line.split()[1]) for line in text.splitlines()
+                   if line.startswith("oom_kill "))
+
+    def remove(self):
+        for pid in self.procs():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert wait_for(lambda: not self.procs()), f"left in {self.path}: {self.procs()}"
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def make_image(tmp, size, seed):
+    """A SquashFS image of random files of ~110 KiB in 10 class directories, data stored
+    as it is (random bytes do not compress); the crc32 of each file, by path."""
+    src = tmp / "src"
+    expected = {}
+    rng = __import__("random").Random(seed)
+    n = size // FILE
+    for i in range(n):
+        d = src / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(FILE - 4096 + rng.randrange(8192))
+        (d / f"{i:06d}.jpg").write_bytes(data)
+        expected[f"class{i % 10}/{i:06d}.jpg"] = zlib.crc32(data)
+    img = tmp / "data.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(img), "-noappend", "-quiet", "-no-progress",
+                    "-noD"], check=True)
+    subprocess.run(["rm", "-rf", str(src)], check=True)
+    (tmp / "expected.json").write_text(json.dumps(expected))
+    return img, tmp / "expected.json"
+
+
+# Reads every file under a mount, each checked against its crc32.
+READ_MOUNT = r"""
+import json, os, sys, zlib
+root, expected = sys.argv[1], json.load(open(sys.argv[2]))
+bad = [n for n in sorted(expected)
+       if zlib.crc32(open(os.path.join(root, n), "rb").read()) != expected[n]]
+print(f"read {len(expected)} bad {bad[:5]}", flush=True)
+sys.exit(1 if bad else 0)
+"""
+
+# A rank reading in process: opens the object, then 4 forked and 4 spawned workers each
+# read an eighth of the files (as DataLoader splits a dataset), the archive inherited by
+# the forked ones and pickled (opened anew) for the spawned ones.
+READ_IN_PROCESS = r"""
+import json, multiprocessing as mp, sys, zlib
+import archfs
+
+def work(archive, names, expected):
+    bad = [n for n in names if zlib.crc32(archive.read(n)) != expected[n]]
+    if bad:
+        print(f"bad {bad[:5]}", flush=True)
+    sys.exit(1 if bad else 0)
+
+if __name__ == "__main__":
+    url, expected = sys.argv[1], json.load(open(sys.argv[2]))
+    names = sorted(expected)
+    archive = archfs.open_archive(url)
+    workers = [mp.get_context("fork" if k < 4 else "spawn").Process(
+                   target=work, args=(archive, names[k::8], expected)) for k in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    codes = [w.exitcode for w in workers]
+    print(f"workers {codes}", flush=True)
+    sys.exit(0 if codes == [0] * 8 else 1)
+"""
+
+
+def copies(pids):
+    """The node-local copies the processes hold open: (device, inode) of each."""
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if "archfs-stage" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                    found.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
+    return found
+
+
+def my_processes():
+    """This user's processes, but this one (pytest)."""
+    uid = os.geteuid()
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                if os.stat(f"/proc/{p}").st_uid == uid:
+                    out.append(int(p))
+            except OSError:
+                pass
+    return out
+
+
+def scratch_dirs():
+    """What copies might leave behind: /dev/shm and $TMPDIR's archfs entries."""
+    left = set()
+    for d in {"/dev/shm", os.environ.get("TMPDIR", "/tmp")}:
+        try:
+            left |= {f"{d}/{n}" for n in os.listdir(d) if "archfs-stage" in n}
+        except OSError:
+            pass
+    return left
+
+
+@pytest.fixture
+def job(s3, monkeypatch, tmp_path):  # noqa: F811 - the imported fixture
+    """The server's AWS_* variables with the endpoint at a counting proxy, a job id of
+    the test's own, and an index cache of the test's own."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_ID", f"pytest-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return s3
+
+
+def upload(s3, path, key):  # noqa: F811
+    s3.client.create_bucket(Bucket="node") if not getattr(s3, "_node_bucket", False) else None
+    s3._node_bucket = True
+    s3.client.upload_file(str(path), "node", key)
+    return f"s3://node/{key}"
+
+
+def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch):
+    img, expected = make_image(tmp_path, SIZE, seed=1)
+    size = img.stat().st_size
+    url = upload(job, img, "one.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    # One copy and the processes' own memory (~25 MB each), smaller than two copies at
+    # the default size.
+    cgroup = MemoryCgroup(size + 900 * MiB) if ROOT else None
+    shm_before = cgroup.shmem() if cgroup else 0
+    left_before = scratch_dirs()
+    preexec = cgroup.preexec if cgroup else None
+    archfs_bin = find_archfs()
+    mounts = [tmp_path / f"mnt{i}" for i in range(8)]
+    logs = [tmp_path / f"mount{i}.log" for i in range(8)]
+    env = dict(os.environ, ARCHFS_LOG="info")
+    rank = None
+    try:
+        for m, log in zip(mounts, logs):
+            m.mkdir()
+            subprocess.run([archfs_bin, "mount", url, str(m), "--log", str(log)], check=True,
+                           env=env, preexec_fn=preexec, timeout=DEADLINE)
+        readers = [subprocess.Popen([sys.executable, "-c", READ_MOUNT, str(m), str(expected)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    preexec_fn=preexec) for m in mounts]
+        # A file, not `-c`: spawned workers import the main module.
+        (tmp_path / "rank.py").write_text(READ_IN_PROCESS)
+        rank = subprocess.Popen([sys.executable, str(tmp_path / "rank.py"), url, str(expected)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, preexec_fn=preexec)
+        outs = [r.communicate(timeout=10 * DEADLINE)[0] for r in readers]
+        rank_out = rank.communicate(timeout=10 * DEADLINE)[0]
+        for i, (r, out) in enumerate(zip(readers, outs)):
+            ooms = cgroup.oom_kills() if cgroup else 0
+            assert r.returncode == 0, \
+                f"mount {i} ({ooms} OOM kills): {out}\n{logs[i].read_text()[-3000:]}"
+        assert rank.returncode == 0, f"in-process rank: {rank_out}"
+        held = copies(cgroup.procs() if cgroup else my_processes())
+        assert len(held) == 1, f"{len(held)} copies held on the node: {held}"
+        sent = proxy.sent
+        print(f"server sent {sent / MiB:.0f} MiB for a {size / MiB:.0f} MiB object "
+              f"({sent / size:.3f}x)")
+        assert sent <= 1.1 * size, f"the server sent {sent / size:.2f}x the object"
+        made = sum(log.read_text().count(": copying ") for log in logs)
+        assert made <= 1, "more than one mount made a copy"
+        if cgroup:
+            assert cgroup.oom_kills() == 0, "the OOM killer ran"
+    finally:
+        # The end of a job: every process SIGKILLed, servers included.
+        if cgroup:
+            cgroup_procs = cgroup.procs()
+            for pid in cgroup_procs:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            assert wait_for(lambda: not cgroup.procs())
+        else:
+            if rank:
+                rank.kill()
+            subprocess.run(["pkill", "-KILL", "-f", f"archfs mount {url}"])
+    # Memory back, nothing left behind; the mounts go (their watchdogs unmount them).
+    if cgroup:
+        assert wait_for(lambda: cgroup.shmem() <= shm_before + MiB), \
+            f"shared memory left: {cgroup.shmem() - shm_before} bytes"
+        cgroup.remove()
+    assert scratch_dirs() == left_before
+    assert wait_for(lambda: not copies(my_processes())), "a copy outlived the job"
+    # Servers killed with their watchdogs leave their mounts to the job's end (the life
+    # cycle's tests cover that); here they are only cleared away.
+    for m in mounts:
+        subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True)
+        subprocess.run(["umount", "-l", str(m)], capture_output=True)
+
+
+def test_a_stager_killed_mid_copy_leaves_the_others_reading(job, tmp_path, monkeypatch):
+    img, expected = make_image(tmp_path, 256 * MiB, seed=2)
+    size = img.stat().st_size
+    url = upload(job, img, "killed.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]), rate=64 * MiB)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    log = tmp_path / "stager.log"
+    stager = subprocess.Popen(
+        [sys.executable, "-c",
+         "import archfs, sys, time; a = archfs.open_archive(sys.argv[1], preload='always'); "
+         "print('open', flush=True); time.sleep(600)", url],
+        stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
+        env=dict(os.environ, ARCHFS_LOG="info"))
+    try:
+        assert stager.stdout.readline().strip() == "open"
+        assert wait_for(lambda: "copied to this node (" in log.read_text()), log.read_text()
+        # A reader that joins the copy under way, then the stager killed mid-copy.
+        reader = subprocess.Popen(
+            [sys.executable, "-c",
+             "import archfs, json, sys, zlib\n"
+             "a = archfs.open_archive(sys.argv[1], preload='never')\n"
+             "print('open', flush=True); sys.stdin.readline()\n"
+             "exp = json.load(open(sys.argv[2]))\n"
+             "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
+             "print('bad', bad[:5], flush=True); sys.exit(1 if bad else 0)\n",
+             url, str(expected)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=dict(os.environ, ARCHFS_LOG="info"))
+        assert reader.stdout.readline().strip() == "open"
+        assert len(copies([stager.pid, reader.pid])) == 1, "the reader did not join the copy"
+        assert "copied to this node, " not in log.read_text(), "the copy ended too soon"
+        stager.kill()
+        stager.wait()
+        reader.stdin.write("go\n")
+        reader.stdin.flush()
+        out = reader.communicate(timeout=10 * DEADLINE)[0]
+        assert reader.returncode == 0, out
+        assert "copied to this node, " in out, f"the reader did not finish the copy: {out}"
+        print(f"server sent {proxy.sent / size:.3f}x the object")
+        # The stager's pieces in flight are fetched again, nothing more.
+        assert proxy.sent <= 1.25 * size, f"the server sent {proxy.sent / size:.2f}x"
+    finally:
+        stager.kill()
+        stager.wait()
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to run a second user")
+def test_another_user_gets_a_copy_of_its_own_and_not_the_first(job, tmp_path, monkeypatch):
+    img, expected = make_image(tmp_path, 64 * MiB, seed=3)
+    size = img.stat().st_size
+    url = upload(job, img, "users.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(expected, 0o644)
+    hold = ("import archfs, json, sys, zlib\n"
+            "a = archfs.open_archive(sys.argv[1], preload='always')\n"
+            "exp = json.load(open(sys.argv[2]))\n"
+            "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
+            "print('read', len(exp), 'bad', bad[:5], flush=True); sys.stdin.readline()\n")
+    env = dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache-user"))
+    mine = subprocess.Popen([sys.executable, "-c", hold, url, str(expected)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    theirs = subprocess.Popen(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
+                               "--clear-groups", "--", sys.executable, "-c", hold, url,
+                               str(expected)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for p in (mine, theirs):
+            line = p.stdout.readline()
+            assert "bad []" in line, line
+        assert len(copies([mine.pid])) == 1 and len(copies([theirs.pid])) == 1
+        assert copies([mine.pid]) != copies([theirs.pid]), "the second user got the first's copy"
+        assert proxy.sent >= 1.9 * size, "one copy served two users"
+        # The first user's hub, asked by the second user, hands over nothing.
+        probe = ("import socket, sys\n"
+                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+                 "s.connect(sys.argv[1])\n"
+                 "try:\n"
+                 "    s.send(b'want ' + sys.argv[2].encode())\n"
+                 "    msg, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(16))\n"
+                 "except (BrokenPipeError, ConnectionResetError):\n"
+                 "    msg, anc = b'', []\n"
+                 "print(len(msg), len(anc))\n")
+        hub = f"\0archfs/copies/u{os.geteuid()}/j{os.environ['SLURM_JOB_ID']}/hub"
+        out = subprocess.run(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
+                              "--clear-groups", "--", sys.executable, "-c", probe, hub, url],
+                             capture_output=True, text=True, timeout=DEADLINE)
+        assert out.returncode == 0 and out.stdout.split() == ["0", "0"], \
+            f"the hub answered another user: {out.stdout} {out.stderr}"
+    finally:
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()
