@@ -69,6 +69,9 @@ def mount(
     allow_other: bool = False,
     log: Optional[PathLike] = None,
     shared: bool = False,
+    no_sign_request: bool = False,
+    stage_dir: Optional[PathLike] = None,
+    retry_for: Optional[float] = None,
 ) -> Mount:
     """Mounts one archive, several (shown as one tree: the last wins for a name in more
     than one), or a directory of them (e.g. WebDataset shards), exactly as ``archfs
@@ -81,7 +84,13 @@ def mount(
 
     ``shared=True``: all processes of a job on this node that mount the same archives
     this way share one mount (DDP ranks): the first mounts, the others wait until it is
-    live, and it goes when the last has left or died.
+    live, and it goes when the last has left or died. Without it, each rank's mount of an
+    s3:// archive still reads the node's one copy.
+
+    ``no_sign_request``, ``stage_dir`` and ``retry_for`` are the command line's
+    ``--no-sign-request`` (a public bucket), ``--stage-dir`` (a node-local disk for a copy
+    that does not fit in memory) and ``--retry-for`` (seconds a request to an object store
+    may be retried).
     """
     if isinstance(archives, (str, os.PathLike)):
         archives = [archives]
@@ -104,6 +113,12 @@ def mount(
         argv += ["--log", os.fspath(log)]
     if shared:
         argv.append("--shared")
+    if no_sign_request:
+        argv.append("--no-sign-request")
+    if stage_dir is not None:
+        argv += ["--stage-dir", os.fspath(stage_dir)]
+    if retry_for is not None:
+        argv += ["--retry-for", str(retry_for)]
     if mountpoint is None:
         argv += ["--auto-mountpoint", "--", *paths]
     else:

@@ -9,10 +9,12 @@ each test runs as a job of its own."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -46,6 +48,7 @@ class CountingProxy:
         self.listener.listen(256)
         self.port = self.listener.getsockname()[1]
         self.upstream = upstream_port
+        self.open = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -57,10 +60,25 @@ class CountingProxy:
             self.sent = 0
             self.started = time.monotonic()
 
+    def stop(self):
+        """The server is gone: no connection is taken or kept."""
+        # shutdown, not close alone: a close leaves the accept under way listening.
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for s in list(self.open):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _accept(self):
         while True:
-            client, _ = self.listener.accept()
-            server = socket.create_connection(("127.0.0.1", self.upstream))
+            try:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                return
+            self.open += [client, server]
             for a, b, down in [(client, server, False), (server, client, True)]:
                 threading.Thread(target=self._pump, args=(a, b, down), daemon=True).start()
 
@@ -224,6 +242,18 @@ def copies(pids):
     return found
 
 
+def holders(pids):
+    """The command lines of the processes among `pids` that hold a copy."""
+    out = []
+    for pid in pids:
+        if copies([pid]):
+            try:
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200])
+            except OSError:
+                pass
+    return out
+
+
 def my_processes():
     """This user's processes, but this one (pytest)."""
     uid = os.geteuid()
@@ -247,6 +277,16 @@ def scratch_dirs():
         except OSError:
             pass
     return left
+
+
+def until_line(proc, line):
+    """Reads `proc`'s output until `line` (log lines come first); keeps what it read."""
+    proc.seen = []
+    for got in proc.stdout:
+        proc.seen.append(got)
+        if got.strip() == line:
+            return True
+    return False
 
 
 @pytest.fixture
@@ -330,14 +370,15 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
         else:
             if rank:
                 rank.kill()
-            subprocess.run(["pkill", "-KILL", "-f", f"archfs mount {url}"])
+            subprocess.run(["pkill", "-KILL", "-f", f"archfs mount .*{url}"])
     # Memory back, nothing left behind; the mounts go (their watchdogs unmount them).
     if cgroup:
         assert wait_for(lambda: cgroup.shmem() <= shm_before + MiB), \
             f"shared memory left: {cgroup.shmem() - shm_before} bytes"
         cgroup.remove()
     assert scratch_dirs() == left_before
-    assert wait_for(lambda: not copies(my_processes())), "a copy outlived the job"
+    assert wait_for(lambda: not copies(my_processes())), \
+        f"a copy outlived the job: {holders(my_processes())}"
     # Servers killed with their watchdogs leave their mounts to the job's end (the life
     # cycle's tests cover that); here they are only cleared away.
     for m in mounts:
@@ -373,14 +414,14 @@ def test_a_stager_killed_mid_copy_leaves_the_others_reading(job, tmp_path, monke
              url, str(expected)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=dict(os.environ, ARCHFS_LOG="info"))
-        assert reader.stdout.readline().strip() == "open"
+        assert until_line(reader, "open")
         assert len(copies([stager.pid, reader.pid])) == 1, "the reader did not join the copy"
         assert "copied to this node, " not in log.read_text(), "the copy ended too soon"
         stager.kill()
         stager.wait()
         reader.stdin.write("go\n")
         reader.stdin.flush()
-        out = reader.communicate(timeout=10 * DEADLINE)[0]
+        out = reader.communicate(timeout=10 * DEADLINE)[0] + "".join(reader.seen)
         assert reader.returncode == 0, out
         assert "copied to this node, " in out, f"the reader did not finish the copy: {out}"
         print(f"server sent {proxy.sent / size:.3f}x the object")
@@ -398,14 +439,17 @@ def test_another_user_gets_a_copy_of_its_own_and_not_the_first(job, tmp_path, mo
     url = upload(job, img, "users.sqfs")
     proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-    os.chmod(tmp_path, 0o755)
+    # pytest's directories are root's alone: what the other user reads goes elsewhere.
+    shared = Path(tempfile.mkdtemp(prefix="archfs-node-users-"))
+    os.chmod(shared, 0o777)
+    expected = Path(shutil.copy(expected, shared / "expected.json"))
     os.chmod(expected, 0o644)
     hold = ("import archfs, json, sys, zlib\n"
             "a = archfs.open_archive(sys.argv[1], preload='always')\n"
             "exp = json.load(open(sys.argv[2]))\n"
             "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
             "print('read', len(exp), 'bad', bad[:5], flush=True); sys.stdin.readline()\n")
-    env = dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache-user"))
+    env = dict(os.environ, HOME=str(shared), XDG_CACHE_HOME=str(shared / "cache"))
     mine = subprocess.Popen([sys.executable, "-c", hold, url, str(expected)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     theirs = subprocess.Popen(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
@@ -422,14 +466,14 @@ def test_another_user_gets_a_copy_of_its_own_and_not_the_first(job, tmp_path, mo
         # The first user's hub, asked by the second user, hands over nothing.
         probe = ("import socket, sys\n"
                  "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-                 "s.connect(sys.argv[1])\n"
+                 "s.connect('\\0' + sys.argv[1])\n"
                  "try:\n"
                  "    s.send(b'want ' + sys.argv[2].encode())\n"
                  "    msg, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(16))\n"
                  "except (BrokenPipeError, ConnectionResetError):\n"
                  "    msg, anc = b'', []\n"
                  "print(len(msg), len(anc))\n")
-        hub = f"\0archfs/copies/u{os.geteuid()}/j{os.environ['SLURM_JOB_ID']}/hub"
+        hub = f"archfs/copies/u{os.geteuid()}/j{os.environ['SLURM_JOB_ID']}/hub"
         out = subprocess.run(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
                               "--clear-groups", "--", sys.executable, "-c", probe, hub, url],
                              capture_output=True, text=True, timeout=DEADLINE)
@@ -439,3 +483,36 @@ def test_another_user_gets_a_copy_of_its_own_and_not_the_first(job, tmp_path, mo
         for p in (mine, theirs):
             p.kill()
             p.wait()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_mount_takes_the_command_lines_remote_options(job, tmp_path, monkeypatch):
+    """archfs.mount's no_sign_request, stage_dir and retry_for reach the server."""
+    import archfs
+
+    # Larger than what a mount fetches ahead of its first reads (64 MiB).
+    img, expected = make_image(tmp_path, 160 * MiB, seed=4)
+    url = upload(job, img, "options.sqfs")
+    names = sorted(json.loads(expected.read_text()))
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    # Unsigned requests to a bucket that wants signed ones are refused.
+    with pytest.raises(archfs.MountError, match="options.sqfs"):
+        archfs.mount(url, tmp_path / "unsigned", no_sign_request=True)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    with archfs.mount(url, tmp_path / "m", stage_dir=stage, retry_for=2,
+                      preload=False) as root:
+        server = [p for p in my_processes() if f"--stage-dir\0{stage}".encode()
+                  in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert server, "no server was given --stage-dir"
+        first = (root / names[0]).read_bytes()
+        assert zlib.crc32(first) == json.loads(expected.read_text())[names[0]]
+        # The server goes: a read not yet served fails within the 2 s given, not the
+        # default minute.
+        proxy.stop()
+        t = time.monotonic()
+        with pytest.raises(OSError) as err:
+            (root / names[len(names) // 2]).read_bytes()
+        took = time.monotonic() - t
+        assert err.value.errno == 5 and took < 30, f"{err.value} after {took:.1f} s"

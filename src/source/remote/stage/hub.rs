@@ -376,7 +376,7 @@ impl Hub {
         match role {
             Role::Alone => {}
             Role::Member(conn) if conn.as_raw_fd() == fd => match receive(conn) {
-                Some((line, file)) => self.from_hub(st, &line, file),
+                Some((line, file)) => self.heard(st, &line, file),
                 _ => self.take_over(st),
             },
             Role::Member(_) => {}
@@ -406,7 +406,7 @@ impl Hub {
     }
 
     /// A message from the hub.
-    fn from_hub(&self, st: &mut State, line: &str, file: Option<File>) {
+    fn heard(&self, st: &mut State, line: &str, file: Option<File>) {
         let (verb, id) = line.split_once(' ').unwrap_or((line, ""));
         if let ("copy", Some(f)) = (verb, file) {
             if let Some(slot) = st.slots.get(id) {
@@ -454,10 +454,8 @@ fn serve(
 ) {
     let (verb, id) = line.split_once(' ').unwrap_or((line, ""));
     match (verb, file) {
-        ("seen", _) => {
-            if count(counts, slots, id) {
-                let _ = send(&peers[i].conn, &format!("start {id}"), None);
-            }
+        ("seen", _) if count(counts, slots, id) => {
+            let _ = send(&peers[i].conn, &format!("start {id}"), None);
         }
         ("want", _) => {
             if !peers[i].wants.iter().any(|w| w == id) {
