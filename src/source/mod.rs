@@ -65,6 +65,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// first, ahead of any copy of the whole. A local file's are read first by the
     /// preload: nothing.
     fn wanted_first(&self, _at: u64, _len: u64) {}
+    /// The format is about to read the whole archive (a tar's index scan).
+    fn will_scan(&self) {}
     /// A descriptor whose byte `p` is byte `p` here, for `[at, at + len)`, where the
     /// kernel can splice from it (a local file, a staged copy); `None` where those bytes
     /// must be read into this process.
@@ -152,6 +154,11 @@ impl Source {
 
     /// Asks for `[at, at + len)` to be fetched before anything else
     /// ([`Storage::wanted_first`]).
+    /// Says the whole archive is about to be read (see [`Storage::will_scan`]).
+    pub fn will_scan(&self) {
+        self.store.will_scan();
+    }
+
     pub fn wanted_first(&self, at: u64, len: u64) {
         let end = at.saturating_add(len).min(self.len);
         self.store

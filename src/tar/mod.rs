@@ -673,6 +673,9 @@ pub fn open_unsaved(
             b.set_position(pos);
         }
     };
+    // The scan reads (nearly) every block: an archive in object storage is copied to the
+    // node first, so that its bytes are fetched once, not by the scan and the copy.
+    source.will_scan();
     let archive = match codec {
         None => TarArchive::build(source, opts, how, &mut progress)?,
         Some(c) => {

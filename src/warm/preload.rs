@@ -87,17 +87,22 @@ impl Trigger {
             return;
         };
         let plan = Plan::new(extents, crate::memory::available());
-        match &plan.skipped {
-            Some(why) => tracing::info!("{AUTO_AFTER_FILES} files read: {why}"),
-            None if plan.extents.is_empty() => {}
-            None => tracing::info!(
-                "{AUTO_AFTER_FILES} files read: preloading {}",
-                human(plan.bytes())
-            ),
-        }
-        match self.node_key.lock().as_deref() {
-            Some(key) => plan.start_once_per_node(key),
-            None => plan.start(),
+        let first = match self.node_key.lock().as_deref() {
+            Some(key) => crate::node::first_for("preload", key),
+            None => true,
+        };
+        if !first {
+            tracing::info!("another process of this job on this node preloads the archive");
+        } else {
+            match &plan.skipped {
+                Some(why) => tracing::info!("{AUTO_AFTER_FILES} files read: {why}"),
+                None if plan.extents.is_empty() => {}
+                None => tracing::info!(
+                    "{AUTO_AFTER_FILES} files read: preloading {}",
+                    human(plan.bytes())
+                ),
+            }
+            plan.start();
         }
         if let Some(Then(then)) = self.then.lock().take() {
             then();

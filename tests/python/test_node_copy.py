@@ -516,3 +516,72 @@ def test_mount_takes_the_command_lines_remote_options(job, tmp_path, monkeypatch
             (root / names[len(names) // 2]).read_bytes()
         took = time.monotonic() - t
         assert err.value.errno == 5 and took < 30, f"{err.value} after {took:.1f} s"
+
+
+def test_a_look_pulls_what_it_reads_and_an_epoch_starts_the_copy(job, tmp_path, monkeypatch):
+    """`archfs ls`, `cat` of a few files and a mount that reads three files fetch a small
+    part of the object and make no copy; reads of more files than the epoch rule's 128
+    make it."""
+    img, expected = make_image(tmp_path, 160 * MiB, seed=5)
+    size = img.stat().st_size
+    url = upload(job, img, "look.sqfs")
+    names = sorted(json.loads(expected.read_text()))
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    archfs_bin = find_archfs()
+    env = dict(os.environ, ARCHFS_LOG="info")
+    subprocess.run([archfs_bin, "ls", url, "class3"], check=True, capture_output=True, env=env)
+    for n in names[:3]:
+        subprocess.run([archfs_bin, "cat", url, n], check=True, capture_output=True)
+    m = tmp_path / "m"
+    m.mkdir()
+    log = tmp_path / "mount.log"
+    subprocess.run([archfs_bin, "mount", url, str(m), "--log", str(log)], check=True, env=env)
+    try:
+        for n in names[:3]:
+            (m / n).read_bytes()
+        looked = proxy.sent
+        print(f"a look fetched {looked / MiB:.1f} MiB of {size / MiB:.0f} MiB")
+        assert looked < size / 10, f"a look fetched {looked / size:.2f}x the object"
+        assert ": copying " not in log.read_text()
+        for n in names[:200]:
+            (m / n).read_bytes()
+        assert wait_for(lambda: "copied to this node, " in log.read_text()), log.read_text()
+    finally:
+        subprocess.run([archfs_bin, "unmount", str(m)])
+
+
+def test_one_process_of_a_job_preloads_and_pushes_a_local_archive(job, tmp_path):
+    """Four mounts of one local image (the ranks of a job without --shared) and two
+    in-process readers: one preload and one push for the node."""
+    img, expected = make_image(tmp_path, 32 * MiB, seed=6)
+    names = sorted(json.loads(expected.read_text()))
+    archfs_bin = find_archfs()
+    env = dict(os.environ, ARCHFS_LOG="info")
+    mounts, logs = [], []
+    try:
+        for i in range(4):
+            m, log = tmp_path / f"m{i}", tmp_path / f"m{i}.log"
+            m.mkdir()
+            subprocess.run([archfs_bin, "mount", str(img), str(m), "--log", str(log)],
+                           check=True, env=env)
+            mounts.append(m)
+            logs.append(log)
+        readers = [subprocess.Popen(
+            [sys.executable, "-c",
+             "import archfs, sys; a = archfs.open_archive(sys.argv[1]); "
+             "[a.read(n) for n in sys.argv[2:]]", str(img), *names[:200]],
+            stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+        for m in mounts:
+            for n in names[:200]:
+                (m / n).read_bytes()
+        errs = [r.communicate(timeout=DEADLINE)[1] for r in readers]
+        texts = lambda: [log.read_text() for log in logs] + errs  # noqa: E731
+        assert wait_for(lambda: sum("pushed " in t for t in texts()) == 1), texts()
+        preloads = sum("files read: preloading" in t for t in texts())
+        others = sum("another process of this job on this node preloads" in t for t in texts())
+        assert preloads == 1 and others == 5, texts()
+        assert sum("another mount of this job on this node pushes" in t for t in texts()) == 3
+    finally:
+        for m in mounts:
+            subprocess.run([archfs_bin, "unmount", str(m)])

@@ -749,6 +749,16 @@ impl Storage for RemoteObject {
         self.inner.stage()?.fd(at, len)
     }
 
+    /// A scan of the whole object (a tar's index build) is about to start: unless the
+    /// job said never, the node's copy is made first and the scan reads it.
+    fn will_scan(&self) {
+        if self.inner.staging != Staging::Never {
+            if let Some(s) = &self.inner.stage {
+                s.make();
+            }
+        }
+    }
+
     fn reopen(&self) -> std::io::Result<Arc<dyn Storage>> {
         Ok(Arc::new(RemoteObject {
             inner: self.inner.clone(),
