@@ -887,3 +887,60 @@ fn a_server_without_ranges_is_refused_with_one_line() {
         "{err}"
     );
 }
+
+/// The shards of a union are copied to the node together once the mount's reads show an
+/// epoch (128 files of any of them), not each after 128 reads of its own: here no shard
+/// has that many files.
+#[test]
+fn a_unions_shards_are_copied_together_once_reads_show_an_epoch() {
+    let dir = TempDir::new("remote-epoch");
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    let all = dir.join("all");
+    let mut bytes = xorshift_bytes(17);
+    for shard in 0..3 {
+        let root = dir.join(format!("shard{shard}"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&all).unwrap();
+        for i in 0..60 {
+            let name = format!("{:06}.jpg", shard * 60 + i);
+            let data = bytes(20_000 + i * 101);
+            std::fs::write(root.join(&name), &data).unwrap();
+            std::fs::write(all.join(&name), &data).unwrap();
+        }
+        let tar = dir.join(format!("shard-{shard}.tar"));
+        tar_of(&root, ".", &tar);
+        s3.put("data", &format!("shards/shard-{shard}.tar"), &tar);
+    }
+    let log = dir.join("mount.log");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut cmd = archfs();
+    s3.apply_env(&mut cmd)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("ARCHFS_LOG", "info")
+        .env("SLURM_JOB_ID", format!("epoch-{}", std::process::id()))
+        .args(["mount", "s3://data/shards/"])
+        .arg(&mnt)
+        .arg("--log")
+        .arg(&log);
+    run_ok(&mut cmd);
+    let m = Mount { path: mnt };
+    let opts = CompareOpts {
+        root_attrs: false,
+        ..CompareOpts::default()
+    };
+    common::suite::check_mount(&all, &m.path, &opts, "s3://data/shards/");
+    let copied = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches(": copied to this node, ")
+            .count()
+    };
+    assert!(
+        wait_for(120, || copied() == 3),
+        "{} of 3 shards copied: {}",
+        copied(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}

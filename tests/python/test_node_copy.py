@@ -410,7 +410,8 @@ def test_a_stager_killed_mid_copy_leaves_the_others_reading(job, tmp_path, monke
              "print('open', flush=True); sys.stdin.readline()\n"
              "exp = json.load(open(sys.argv[2]))\n"
              "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
-             "print('bad', bad[:5], flush=True); sys.exit(1 if bad else 0)\n",
+             "print('bad', bad[:5], flush=True); sys.stdin.readline()\n"
+             "sys.exit(1 if bad else 0)\n",
              url, str(expected)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=dict(os.environ, ARCHFS_LOG="info"))
@@ -421,12 +422,33 @@ def test_a_stager_killed_mid_copy_leaves_the_others_reading(job, tmp_path, monke
         stager.wait()
         reader.stdin.write("go\n")
         reader.stdin.flush()
-        out = reader.communicate(timeout=10 * DEADLINE)[0] + "".join(reader.seen)
-        assert reader.returncode == 0, out
+        until_line(reader, "bad []")
+        out = "".join(reader.seen)
+        assert out.rstrip().endswith("bad []"), out
         assert "copied to this node, " in out, f"the reader did not finish the copy: {out}"
         print(f"server sent {proxy.sent / size:.3f}x the object")
         # The stager's pieces in flight are fetched again, nothing more.
         assert proxy.sent <= 1.25 * size, f"the server sent {proxy.sent / size:.2f}x"
+        # The stager held the hub: a process that comes later finds the copy the reader
+        # holds (the reader took the hub over), and fetches none of it.
+        sent = proxy.sent
+        late = subprocess.Popen(
+            [sys.executable, "-c",
+             "import archfs, json, sys, zlib\n"
+             "a = archfs.open_archive(sys.argv[1], preload='never')\n"
+             "exp = json.load(open(sys.argv[2]))\n"
+             "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
+             "print('bad', bad[:5], flush=True); sys.stdin.readline()\n",
+             url, str(expected)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert until_line(late, "bad []"), "".join(late.seen)
+        assert copies([late.pid]) == copies([reader.pid]) != set(), "a second copy"
+        assert proxy.sent - sent < size / 20, "the late reader fetched what the copy holds"
+        for p in (late, reader):
+            p.stdin.write("end\n")
+            p.stdin.flush()
+            p.wait(timeout=DEADLINE)
+        assert reader.returncode == 0
     finally:
         stager.kill()
         stager.wait()
