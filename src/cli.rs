@@ -236,6 +236,12 @@ struct ServeArgs {
     /// 4 MiB), or any with `--preload=always` [default: $TMPDIR, else /tmp].
     #[arg(long, value_name = "DIR")]
     stage_dir: Option<PathBuf>,
+    /// Keep the copies of s3:// and https:// archives in --stage-dir (a node-local disk)
+    /// for later jobs on the node, up to SIZE in all (K, M, G, T), the least recently
+    /// used removed first; a later job checks a copy is of the same object and whole
+    /// before it reads it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "stage_dir")]
+    keep: Option<u64>,
     /// Send unsigned requests for s3:// archives (a public bucket), as the AWS CLI's flag
     /// of that name. Otherwise credentials, endpoint and region come from where the AWS
     /// CLI finds them (AWS_* variables, ~/.aws/credentials, ~/.aws/config).
@@ -575,6 +581,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         index: serve.index.clone(),
         entry_spacing: serve.entry_spacing,
         stage_dir: serve.stage_dir.clone(),
+        keep: serve.keep,
         no_sign_request: serve.no_sign_request,
         retry_for: std::time::Duration::try_from_secs_f64(serve.retry_for)
             .ok()

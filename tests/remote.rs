@@ -944,3 +944,98 @@ fn a_unions_shards_are_copied_together_once_reads_show_an_epoch() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
 }
+
+/// `--stage-dir DIR --keep SIZE`: the next job on the node reads the copy a job left
+/// instead of fetching the object again, and a copy that would take the kept copies past
+/// SIZE removes the least recently used one no job holds.
+#[test]
+fn a_kept_copy_serves_the_next_job_and_the_oldest_goes_first() {
+    let dir = TempDir::new("remote-keep");
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    let mut bytes = xorshift_bytes(23);
+    let mut trees = Vec::new();
+    for key in ["a", "b"] {
+        let root = dir.join(key);
+        std::fs::create_dir_all(&root).unwrap();
+        for i in 0..100 {
+            std::fs::write(root.join(format!("{i:04}.jpg")), bytes(80_000 + i * 13)).unwrap();
+        }
+        let tar = dir.join(format!("{key}.tar"));
+        tar_of(&root, ".", &tar);
+        s3.put("data", &format!("{key}.tar"), &tar);
+        let ex = dir.join(format!("{key}-ex"));
+        extract(&tar, &ex);
+        trees.push((key, ex, std::fs::metadata(&tar).unwrap().len()));
+    }
+    let kept = dir.join("kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    // Room for one copy (8.1 MB and its board) and not two.
+    let bound = "12M";
+    let copies = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&kept)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let job = |n: u32, key: &str, reference: &Path| -> String {
+        let log = dir.join(format!("job{n}.log"));
+        let mnt = dir.join(format!("mnt{n}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = archfs();
+        s3.apply_env(&mut cmd)
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .env("ARCHFS_LOG", "info")
+            .env("SLURM_JOB_ID", format!("keep-{n}-{}", std::process::id()))
+            .args(["mount", "--preload=always", "--keep", bound, "--stage-dir"])
+            .arg(&kept)
+            .arg(format!("s3://data/{key}.tar"))
+            .arg(&mnt)
+            .arg("--log")
+            .arg(&log);
+        run_ok(&mut cmd);
+        let m = Mount { path: mnt };
+        let text = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            wait_for(120, || text().contains(": copied to this node, ")
+                || text().contains("reading the copy kept in")),
+            "job {n}: {}",
+            text()
+        );
+        common::suite::check_mount(reference, &m.path, &CompareOpts::default(), key);
+        drop(m);
+        assert!(
+            wait_for(30, || text().contains(" MB fetched")),
+            "{}",
+            text()
+        );
+        text()
+    };
+    let fetched = |log: &str| -> f64 {
+        log.split("requests, ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no byte count in {log}"))
+    };
+    let (_, a_ref, a_size) = &trees[0];
+    let first = job(1, "a", a_ref);
+    assert!(first.contains("kept there for later jobs"), "{first}");
+    assert_eq!(copies().len(), 1, "{:?}", copies());
+    let second = job(2, "a", a_ref);
+    assert!(second.contains("reading the copy kept in"), "{second}");
+    let again = fetched(&second) * 1e6;
+    assert!(
+        again < *a_size as f64 / 10.0,
+        "the second job fetched {again} bytes of a {a_size}-byte object"
+    );
+    let a_copy = copies();
+    let (_, b_ref, _) = &trees[1];
+    let third = job(3, "b", b_ref);
+    assert!(third.contains("removed the kept copy"), "{third}");
+    let now = copies();
+    assert!(now.len() == 1 && now != a_copy, "{a_copy:?} then {now:?}");
+}

@@ -72,6 +72,7 @@ def mount(
     no_sign_request: bool = False,
     stage_dir: Optional[PathLike] = None,
     retry_for: Optional[float] = None,
+    keep: Union[int, str, None] = None,
 ) -> Mount:
     """Mounts one archive, several (shown as one tree: the last wins for a name in more
     than one), or a directory of them (e.g. WebDataset shards), exactly as ``archfs
@@ -87,10 +88,11 @@ def mount(
     live, and it goes when the last has left or died. Without it, each rank's mount of an
     s3:// archive still reads the node's one copy.
 
-    ``no_sign_request``, ``stage_dir`` and ``retry_for`` are the command line's
+    ``no_sign_request``, ``stage_dir``, ``keep`` and ``retry_for`` are the command line's
     ``--no-sign-request`` (a public bucket), ``--stage-dir`` (a node-local disk for a copy
-    that does not fit in memory) and ``--retry-for`` (seconds a request to an object store
-    may be retried).
+    that does not fit in memory), ``--keep`` (copies kept there for later jobs, up to this
+    size in all) and ``--retry-for`` (seconds a request to an object store may be
+    retried).
     """
     if isinstance(archives, (str, os.PathLike)):
         archives = [archives]
@@ -119,6 +121,8 @@ def mount(
         argv += ["--stage-dir", os.fspath(stage_dir)]
     if retry_for is not None:
         argv += ["--retry-for", str(retry_for)]
+    if keep is not None:
+        argv += ["--keep", str(keep)]
     if mountpoint is None:
         argv += ["--auto-mountpoint", "--", *paths]
     else:

@@ -64,6 +64,8 @@ pub struct Settings {
     pub entry_spacing: u64,
     /// Where a decoded copy of a compressed tar goes when memory is short.
     pub stage_dir: Option<PathBuf>,
+    /// `--keep`: copies stay in `stage_dir` for later jobs, up to this many bytes.
+    pub keep: Option<u64>,
     /// Unsigned requests for s3:// archives.
     pub no_sign_request: bool,
     /// How long a request to an object store may be retried.
@@ -473,6 +475,7 @@ fn open_and_mount(
                 Preload::Always => crate::source::Staging::Always,
             },
             stage_dir: s.stage_dir.clone(),
+            keep: s.keep,
             retry_for: Some(s.retry_for),
             progress,
         },

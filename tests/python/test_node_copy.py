@@ -523,11 +523,12 @@ def test_mount_takes_the_command_lines_remote_options(job, tmp_path, monkeypatch
         archfs.mount(url, tmp_path / "unsigned", no_sign_request=True)
     stage = tmp_path / "stage"
     stage.mkdir()
-    with archfs.mount(url, tmp_path / "m", stage_dir=stage, retry_for=2,
+    with archfs.mount(url, tmp_path / "m", stage_dir=stage, retry_for=2, keep="1G",
                       preload=False) as root:
         server = [p for p in my_processes() if f"--stage-dir\0{stage}".encode()
                   in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert server, "no server was given --stage-dir"
+        assert b"--keep\x001G" in Path(f"/proc/{server[0]}/cmdline").read_bytes()
         first = (root / names[0]).read_bytes()
         assert zlib.crc32(first) == json.loads(expected.read_text())[names[0]]
         # The server goes: a read not yet served fails within the 2 s given, not the

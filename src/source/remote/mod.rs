@@ -80,6 +80,8 @@ pub struct RemoteOptions {
     pub stage: Staging,
     /// Where the copy goes when it does not fit in memory.
     pub stage_dir: Option<PathBuf>,
+    /// Keep copies in `stage_dir` for later jobs, up to this many bytes in all.
+    pub keep: Option<u64>,
     /// How long one request may be retried before its read fails (default 60 s).
     pub retry_for: Option<std::time::Duration>,
     /// Show the copy's progress on the terminal (a foreground server).
@@ -157,6 +159,7 @@ impl RemoteObject {
                 mtime: meta.mtime,
             },
             options.stage_dir.as_deref(),
+            options.keep,
             options.progress,
         );
         if options.stage == Staging::Always {

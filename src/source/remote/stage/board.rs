@@ -10,13 +10,17 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"archfsB1");
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB2");
 
 #[repr(C)]
 struct Head {
     magic: u64,
     size: u64,
     pieces: u64,
+    /// The object's identity, hashed: a kept copy is checked against it.
+    tag: u64,
+    /// Nonzero once a kept copy's data is on the disk whole ([`super::keep`]).
+    sealed: AtomicU32,
     /// Pieces not yet copied.
     left: AtomicU64,
     /// Where a copier starts looking for free pieces; all before it are taken.
@@ -107,7 +111,7 @@ impl Board {
 
     /// A new board in `file` (of [`Board::file_len`]), for a copy of `size` bytes in
     /// `pieces` pieces, all free.
-    pub fn create(file: File, size: u64, pieces: u64) -> io::Result<Board> {
+    pub fn create(file: File, size: u64, pieces: u64, tag: u64) -> io::Result<Board> {
         let len = Self::bytes(pieces);
         let board = Board::map(file, Self::start(size), len)?;
         // SAFETY: a fresh mapping of `len` zeroed bytes, the head at its start, no other
@@ -116,6 +120,7 @@ impl Board {
             let head = board.base as *mut Head;
             (*head).size = size;
             (*head).pieces = pieces;
+            (*head).tag = tag;
             (*head).left = AtomicU64::new(pieces);
             std::sync::atomic::fence(Ordering::Release);
             (*head).magic = MAGIC;
@@ -178,6 +183,30 @@ impl Board {
 
     pub fn pieces(&self) -> u64 {
         self.head().pieces
+    }
+
+    pub fn tag(&self) -> u64 {
+        self.head().tag
+    }
+
+    pub fn sealed(&self) -> bool {
+        self.head().sealed.load(Ordering::Acquire) != 0
+    }
+
+    /// Marks the copy whole on the disk (after its data was synced), synced in turn.
+    pub fn seal(&self) {
+        self.head().sealed.store(1, Ordering::Release);
+        // SAFETY: msync of exactly the mapping `map` made.
+        unsafe { libc::msync(self.base.cast(), self.len, libc::MS_SYNC) };
+    }
+
+    /// Whether a live process copies into it, or holds a piece of it.
+    pub fn in_use(&self) -> bool {
+        let copier = self.head().copiers.iter().any(|c| {
+            let pid = c.load(Ordering::Acquire);
+            pid != 0 && alive(pid)
+        });
+        copier || (0..self.pieces()).any(|p| self.piece(p).owner().is_some_and(alive))
     }
 
     pub fn piece(&self, p: u64) -> Piece {
@@ -331,7 +360,7 @@ mod tests {
         }
         let file = crate::source::scratch::memfd().unwrap();
         file.set_len(Board::file_len(10 << 20, 3)).unwrap();
-        let a = Board::create(file, 10 << 20, 3).unwrap();
+        let a = Board::create(file, 10 << 20, 3, 42).unwrap();
         let b = Board::open(a.file().try_clone().unwrap(), 10 << 20).unwrap();
         assert!(Board::open(a.file().try_clone().unwrap(), 11 << 20).is_err());
         assert!(a.swap(1, Piece::Free, Piece::Taken(5)));

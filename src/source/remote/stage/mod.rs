@@ -13,6 +13,7 @@
 
 mod board;
 mod hub;
+mod keep;
 mod place;
 
 use std::collections::VecDeque;
@@ -83,6 +84,14 @@ impl Object {
         )
         .replace(['\n', '\0'], " ")
     }
+
+    /// The identity, hashed: what a kept copy is named and checked by.
+    fn tag(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.identity().hash(&mut h);
+        h.finish()
+    }
 }
 
 /// A copy of an object being made, or made.
@@ -115,6 +124,8 @@ pub struct Wanted {
     progress: bool,
     /// The fork generation the slot was asked for in.
     asked: AtomicU64,
+    /// `--keep`: the bytes the copies kept in `dir` may take.
+    keep: Option<u64>,
     /// What makes the copy when the node's reads show an epoch.
     starter: Starting,
 }
@@ -135,7 +146,12 @@ impl std::fmt::Debug for Starting {
 impl Wanted {
     /// The copy of `object` another process of the job on this node made, if there is
     /// one; if not, one arrives when some process makes it.
-    pub fn find(object: Object, dir: Option<&Path>, progress: bool) -> Option<Wanted> {
+    pub fn find(
+        object: Object,
+        dir: Option<&Path>,
+        keep: Option<u64>,
+        progress: bool,
+    ) -> Option<Wanted> {
         if object.size == 0 {
             return None;
         }
@@ -147,6 +163,7 @@ impl Wanted {
             dir: dir.map(Path::to_owned),
             progress,
             asked: AtomicU64::new(generation()),
+            keep,
             starter: Starting::default(),
         })
     }
@@ -170,6 +187,23 @@ impl Wanted {
         let pieces = size.div_ceil(PIECE);
         let name = &self.object.target.name;
         let slot = hub::make_or_join(&id, || {
+            if let (Some(dir), Some(bound)) = (&self.dir, self.keep) {
+                match keep::open(dir, self.object.tag(), size, pieces, bound) {
+                    Ok((file, reused)) => {
+                        if reused {
+                            tracing::info!("{name}: reading the copy kept in {}", dir.display());
+                        } else {
+                            tracing::info!(
+                                "{name}: copying {:.1} GB to {}, kept there for later jobs",
+                                size as f64 / 1e9,
+                                dir.display()
+                            );
+                        }
+                        return Some(file);
+                    }
+                    Err(why) => tracing::warn!("{name}: not kept in {}: {why}", dir.display()),
+                }
+            }
             let len = Board::file_len(size, pieces);
             match place::place(len, self.dir.as_deref()) {
                 Ok((file, placed)) => {
@@ -186,7 +220,7 @@ impl Wanted {
                     }
                     let init = file
                         .try_clone()
-                        .and_then(|f| Board::create(f, size, pieces).map(drop));
+                        .and_then(|f| Board::create(f, size, pieces, self.object.tag()).map(drop));
                     match init {
                         Ok(()) => Some(file),
                         Err(e) => {
@@ -451,6 +485,7 @@ impl Stage {
             if let Some(b) = &self.bar {
                 b.finish_and_clear();
             }
+            keep::seal(&self.board);
             tracing::info!(
                 "{name}: copied to this node, {:.1} MB ({:.1} s in this process)",
                 size as f64 / 1e6,

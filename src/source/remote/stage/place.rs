@@ -53,7 +53,7 @@ pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), String> {
 }
 
 /// Allocates `size` bytes of `file`, where the file system can (else only its length).
-fn reserve(file: &File, size: u64) -> std::io::Result<()> {
+pub fn reserve(file: &File, size: u64) -> std::io::Result<()> {
     // SAFETY: fallocate on a descriptor we own.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
     if rc == 0 {
