@@ -161,6 +161,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         readdirplus: archfs::fuse::Readdirplus::Always,
         entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,
+        keep: None,
         no_sign_request: false,
         retry_for: std::time::Duration::from_secs(60),
         debug: false,
