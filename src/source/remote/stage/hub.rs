@@ -427,6 +427,12 @@ impl Hub {
     fn take_over(&self, st: &mut State) {
         st.role = Role::Alone;
         st.role = self.join();
+        if let Role::Serving { .. } = &st.role {
+            // Its own slots are the node's copies now: a question asked of the hub that
+            // ended has its answer.
+            let ids: Vec<String> = st.slots.keys().cloned().collect();
+            st.answered.extend(ids);
+        }
         if let Role::Member(conn) = &st.role {
             for (id, slot) in &st.slots {
                 let sent = match slot.get() {
