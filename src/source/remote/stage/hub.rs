@@ -50,8 +50,9 @@ struct Hub {
     name: String,
     state: Mutex<State>,
     answered: Condvar,
-    /// Written to wake the poll thread when what it polls changed.
-    wake: OwnedFd,
+    /// Written to wake the poll thread when what it polls changed (without one, the
+    /// thread looks again every 100 ms).
+    wake: Option<OwnedFd>,
 }
 
 #[derive(Default)]
@@ -96,9 +97,8 @@ fn hub() -> &'static Hub {
             name: node::name("copies", "hub"),
             state: Mutex::new(State::default()),
             answered: Condvar::new(),
-            // SAFETY: a new descriptor; -1 (no eventfd) is caught by the poll thread's
-            // first poll, which then never wakes early.
-            wake: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd.max(0)) },
+            // SAFETY: a new descriptor nothing else owns.
+            wake: (fd >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }),
         }
     });
     if made {
@@ -322,14 +322,18 @@ impl Hub {
 
     fn poke(&self) {
         let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        if let Some(w) = &self.wake {
+            // SAFETY: writes 8 bytes to our eventfd.
+            unsafe { libc::write(w.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
     }
 
     /// Serves the hub's listener and peers, or watches the connection to the hub.
     fn poll_loop(&self) {
         loop {
-            let mut fds = vec![pollfd(self.wake.as_raw_fd())];
+            // A negative descriptor is skipped by poll.
+            let wake = self.wake.as_ref().map_or(-1, |w| w.as_raw_fd());
+            let mut fds = vec![pollfd(wake)];
             {
                 let st = self.state.lock();
                 match &st.role {
@@ -342,7 +346,8 @@ impl Hub {
                 }
             }
             // SAFETY: `fds` is a valid array of pollfd for the length given.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, -1) };
+            let timeout = if wake < 0 { 100 } else { -1 };
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
             if n < 0 {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
@@ -350,7 +355,7 @@ impl Hub {
             if fds[0].revents != 0 {
                 let mut buf = [0u8; 8];
                 // SAFETY: reads 8 bytes from our eventfd.
-                unsafe { libc::read(self.wake.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+                unsafe { libc::read(wake, buf.as_mut_ptr().cast(), 8) };
             }
             let ready: Vec<RawFd> = fds[1..]
                 .iter()
