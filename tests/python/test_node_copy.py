@@ -590,15 +590,18 @@ def test_one_process_of_a_job_preloads_and_pushes_a_local_archive(job, tmp_path)
                            check=True, env=env)
             mounts.append(m)
             logs.append(log)
+        # The readers stay until every mount has read: a process that ended leaves the
+        # preload to the next (its own preload ended with it).
         readers = [subprocess.Popen(
             [sys.executable, "-c",
              "import archfs, sys; a = archfs.open_archive(sys.argv[1]); "
-             "[a.read(n) for n in sys.argv[2:]]", str(img), *names[:200]],
-            stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+             "[a.read(n) for n in sys.argv[2:]]; sys.stdin.readline()", str(img), *names[:200]],
+            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
         for m in mounts:
             for n in names[:200]:
                 (m / n).read_bytes()
-        errs = [r.communicate(timeout=DEADLINE)[1] for r in readers]
+        errs = [r.communicate("end\n", timeout=DEADLINE)[1] for r in readers]
         texts = lambda: [log.read_text() for log in logs] + errs  # noqa: E731
         assert wait_for(lambda: sum("pushed " in t for t in texts()) == 1), texts()
         preloads = sum("files read: preloading" in t for t in texts())
