@@ -87,25 +87,34 @@ fn address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     Ok((addr, len as libc::socklen_t))
 }
 
-/// Listens on `name`; `None` when another process holds it.
-pub fn listen(name: &str) -> io::Result<Option<Sock>> {
+/// A new socket, bound or connected (`call`) to `name`'s address.
+fn at(
+    name: &str,
+    call: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> io::Result<Sock> {
     let sock = Sock::open()?;
     let (addr, len) = address(name)?;
-    // SAFETY: a valid address of `len` bytes.
-    let rc = unsafe {
-        libc::bind(
+    // SAFETY: bind or connect with a valid address of `len` bytes.
+    if unsafe {
+        call(
             sock.as_raw_fd(),
             (&addr as *const libc::sockaddr_un).cast(),
             len,
         )
-    };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EADDRINUSE) => Ok(None),
-            _ => Err(e),
-        };
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
     }
+    Ok(sock)
+}
+
+/// Listens on `name`; `None` when another process holds it.
+pub fn listen(name: &str) -> io::Result<Option<Sock>> {
+    let sock = match at(name, libc::bind) {
+        Ok(s) => s,
+        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     // SAFETY: listen on a bound socket we own.
     if unsafe { libc::listen(sock.as_raw_fd(), 128) } != 0 {
         return Err(io::Error::last_os_error());
@@ -116,23 +125,13 @@ pub fn listen(name: &str) -> io::Result<Option<Sock>> {
 /// Connects to `name` when some process of this user listens there; `None` when no one
 /// does. A name held by another user's process is an error: that process is not ours.
 pub fn connect(name: &str) -> io::Result<Option<Sock>> {
-    let sock = Sock::open()?;
-    let (addr, len) = address(name)?;
-    // SAFETY: a valid address of `len` bytes.
-    let rc = unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
+    let sock = match at(name, libc::connect) {
+        Ok(s) => s,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
     };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ECONNREFUSED | libc::ENOENT) => Ok(None),
-            _ => Err(e),
-        };
-    }
     let peer = peer(&sock)?;
     if peer.uid != euid() {
         return Err(io::Error::new(

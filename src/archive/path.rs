@@ -108,7 +108,8 @@ pub fn fill<'a>(
     Ok(done)
 }
 
-fn read_fd(fd: std::os::fd::BorrowedFd<'_>, pos: u64, buf: &mut [u8]) -> Result<()> {
+/// Fills `buf` from `fd` at `pos` (a file ending first is damage).
+pub(crate) fn read_fd(fd: std::os::fd::BorrowedFd<'_>, pos: u64, buf: &mut [u8]) -> Result<()> {
     use std::os::fd::AsRawFd;
     let mut done = 0;
     while done < buf.len() {

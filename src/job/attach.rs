@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -141,48 +141,19 @@ fn mount_fusermount(path: &Path, fsname: &str, allow_other: bool) -> io::Result<
 /// Receives the /dev/fuse descriptor fusermount3 sends as SCM_RIGHTS.
 fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // Room for one cmsghdr with one int, 8-byte aligned.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; the pointers set below stay valid during recvmsg.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    loop {
-        // SAFETY: msg describes buffers owned by this frame.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n > 0 {
-            break;
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "fusermount3 exited without sending the FUSE descriptor",
-            ));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+    let (n, fds) = crate::node::recv_fds(sock.as_raw_fd(), &mut byte)?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "fusermount3 exited without sending the FUSE descriptor",
+        ));
     }
-    // SAFETY: the kernel filled msg's control buffer; CMSG_* walk within it.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if c.is_null() || (*c).cmsg_level != libc::SOL_SOCKET || (*c).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "fusermount3 sent no FUSE descriptor",
-            ));
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
+    fds.into_iter().next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "fusermount3 sent no FUSE descriptor",
+        )
+    })
 }
 
 #[cfg(test)]

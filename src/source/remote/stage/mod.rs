@@ -272,8 +272,12 @@ impl Wanted {
     /// In a forked child, the parent's tie to the hub is not ours: ask ours, say what
     /// starts the copy, and offer the copy inherited so the node keeps finding it.
     fn refresh(&self) {
+        // A load on every read; a write only in a new process (no line shared by the
+        // FUSE threads bounced between their cores).
         let now = generation();
-        if self.asked.swap(now, Ordering::Relaxed) == now {
+        if self.asked.load(Ordering::Relaxed) == now
+            || self.asked.swap(now, Ordering::Relaxed) == now
+        {
             return;
         }
         let id = self.object.identity();
@@ -328,7 +332,10 @@ impl Stage {
     /// Puts the copy in this process's pool of copying threads, once a process.
     fn pool_here(self: &Arc<Self>) {
         let now = generation();
-        if self.pooled.swap(now, Ordering::Relaxed) != now && self.copying() {
+        if self.pooled.load(Ordering::Relaxed) != now
+            && self.pooled.swap(now, Ordering::Relaxed) != now
+            && self.copying()
+        {
             pool().add(self.clone());
         }
     }
