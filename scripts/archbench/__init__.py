@@ -27,6 +27,10 @@ object once over the same link.
 (`archfs.open_archive`, `archfs.torch.ImageFolder`) beside the mount and the plain
 directory, at 10,000 and 1.28 M files.
 
+`--ranks` is another (scripts/archbench/ranks.py): a job's R ranks x W DataLoader workers
+on one node over one archive (local, s3://, copied first): bytes from storage, the node's
+peak memory, epochs against R = 1.
+
 Workloads, each cold (readers started, then page cache dropped and a fresh mount, timed from
 the moment the mount is live) then warm (second pass, same mount):
 shuffled whole-file epochs with 1/2/4 reader processes; 500 single-file read latencies;
@@ -56,6 +60,7 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 #   remote     the --remote mode: s3:// URLs over an emulated network
 #   shards     the --shards mode: unions of WebDataset shards
 #   inproc     the --inproc mode: the in-process reader beside the mount
+#   ranks      the --ranks mode: R ranks x W workers of one job on one node
 #   cli        the flags and the orchestration of a run
 
 import os

@@ -10,7 +10,7 @@ import signal
 import time
 
 from . import __doc__ as DOC
-from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, plots, remote, scale, shards
+from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, plots, ranks, remote, scale, shards
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report, save
@@ -69,14 +69,16 @@ def parse_args(argv):
     remote.add_args(ap)
     shards.add_args(ap)
     inproc.add_args(ap)
+    ranks.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
-    args.files = args.files or (1000 if args.remote else 2000 if args.quick else 20000)
+    args.files = args.files or (1000 if args.remote else 5000 if args.ranks else
+                                2000 if args.quick else 20000)
     args.runs = args.runs or (1 if args.remote or args.shards or args.inproc else 3)
     args.classes_given = args.classes
     args.classes = args.classes or max(10, args.files // 1000)
-    args.cap = args.cap or (30 if args.quick or args.remote else 900 if args.scale or args.inproc
-                          else 300)
+    args.cap = args.cap or (30 if args.quick or args.remote else
+                            900 if args.scale or args.inproc else 300)
     args.lat_files = args.lat_files or (200 if args.quick else 500)
     args.readers = [int(x) for x in args.readers.split(",")]
     args.torch_workers = [int(x) for x in args.torch_workers.split(",") if x.strip()]
@@ -113,6 +115,9 @@ def main(argv):
         signal.signal(s, on_signal)
     if args.inproc:
         inproc.main(args)
+        return
+    if args.ranks:
+        ranks.main(args)
         return
     if args.scale:
         scale.main(args)

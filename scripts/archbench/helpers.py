@@ -264,7 +264,13 @@ def helper_remote(argv):
     helper(argv)
 
 
+def helper_rank(argv):
+    """_rank ...: one rank of the --ranks bench's job (ranks.py)."""
+    from .ranks import helper_rank as rank
+    rank(argv)
+
+
 HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
            "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
            "_remote": helper_remote, "_read_archive": helper_read_archive,
-           "_imagefolder_archive": helper_imagefolder_archive}
+           "_imagefolder_archive": helper_imagefolder_archive, "_rank": helper_rank}

@@ -53,7 +53,8 @@ class InProcess:
         drop_caches()
 
 
-def install_wheel(args):
+def install_wheel(args, need=("torch", "torchvision", "PIL")):
+    """The wheel from scripts/wheel into the bench venv, and what the helpers import."""
     wheels = sorted(glob.glob(os.path.join(args.inproc_wheel_dir,
                                            f"archfs-*_{platform.machine()}.*whl")))
     if not wheels:
@@ -61,11 +62,11 @@ def install_wheel(args):
     log(f"pip install {os.path.basename(wheels[-1])} into the bench venv")
     subprocess.run([VPY, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps",
                     wheels[-1]], check=True)
-    for need in ("torch", "torchvision", "PIL"):
-        r = subprocess.run([VPY, "-c", f"import {need}"], capture_output=True)
+    for mod in need:
+        r = subprocess.run([VPY, "-c", f"import {mod}"], capture_output=True)
         if r.returncode != 0:
-            log(f"pip install {need} into the bench venv")
-            pkg = {"PIL": "Pillow"}.get(need, need)
+            log(f"pip install {mod} into the bench venv")
+            pkg = {"PIL": "Pillow"}.get(mod, mod)
             subprocess.run([VPY, "-m", "pip", "install", "-q", pkg], check=True)
 
 

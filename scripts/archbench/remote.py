@@ -1117,6 +1117,21 @@ def set_env(endpoint):
                        "RCLONE_CONFIG_ABENCH_REGION": REGION})
 
 
+def start_server(tmp, paths):
+    """The emulated network and SeaweedFS behind it (both torn down by REG on any exit),
+    every tool pointed at it, `paths` (name -> file) uploaded while the link is not
+    shaped; (network, server, name -> object key)."""
+    net = Network(tmp)
+    REG.targets.append(net)
+    net.start()
+    server = S3Server(tmp, net)
+    REG.targets.insert(REG.targets.index(net), server)
+    server.start()
+    set_env(server.endpoint)
+    net.shape(0, None)
+    return net, server, server.upload(paths)
+
+
 def main(args):
     links = parse_links(args.remote_links)
     formats = [f.strip() for f in args.remote_formats.split(",") if f.strip()]
@@ -1143,15 +1158,7 @@ def main(args):
     remove(tmp)
     os.makedirs(tmp)
 
-    net = Network(tmp)
-    REG.targets.append(net)
-    net.start()
-    server = S3Server(tmp, net)
-    REG.targets.insert(REG.targets.index(net), server)
-    server.start()
-    set_env(server.endpoint)
-    net.shape(0, None)
-    uploaded = server.upload({f: paths[f] for f in formats})
+    net, server, uploaded = start_server(tmp, {f: paths[f] for f in formats})
     keys = {f: (uploaded[f], os.path.getsize(paths[f])) for f in formats}
     extra = args.archfs_args.split()
     tools_for = {}

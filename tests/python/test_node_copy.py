@@ -578,6 +578,64 @@ def test_a_look_pulls_what_it_reads_and_an_epoch_starts_the_copy(job, tmp_path, 
         subprocess.run([archfs_bin, "unmount", str(m)])
 
 
+# A rank that opened and read the object forks a worker once told (the object replaced
+# meanwhile); the worker reads every file through the archive it inherited.
+FORKED_WORKER = r"""
+import json, os, sys, zlib
+import archfs
+url, expected = sys.argv[1], json.load(open(sys.argv[2]))
+names = sorted(expected)
+archive = archfs.open_archive(url, preload="always")
+bad = [n for n in names if zlib.crc32(archive.read(n)) != expected[n]]
+print(f"parent bad {bad[:3]}", flush=True)
+print("read", flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid == 0:
+    bad = [n for n in names if zlib.crc32(archive.read(n)) != expected[n]]
+    print(f"worker bad {bad[:3]}", flush=True)
+    os._exit(1 if bad else 0)
+print(f"worker exit {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}", flush=True)
+"""
+
+
+def test_a_forked_worker_reads_its_parents_version_without_asking_the_server(
+        job, tmp_path, monkeypatch):
+    """A DataLoader worker forked each epoch opens the archive again: it takes what its
+    parent found (size, ETag) and the node's copy, so it sends the server nothing, and it
+    reads the version its parent listed even when the object was replaced since. A new
+    process asks the server and reads the new version."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    img1, exp1 = make_image(tmp_path / "v1", 24 * MiB, seed=7)
+    img2, exp2 = make_image(tmp_path / "v2", 24 * MiB, seed=8)
+    url = upload(job, img1, "fork.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    rank = subprocess.Popen([sys.executable, "-c", FORKED_WORKER, url, str(exp1)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, ARCHFS_LOG="warn"))
+    try:
+        assert until_line(rank, "read"), rank.seen
+        assert "parent bad []\n" in rank.seen, rank.seen
+        upload(job, img2, "fork.sqfs")
+        proxy.reset()
+        connections = len(proxy.open)
+        rank.stdin.write("go\n")
+        rank.stdin.flush()
+        assert until_line(rank, "worker exit 0"), rank.seen
+        assert proxy.sent == 0 and len(proxy.open) == connections, \
+            f"the worker asked the server: {proxy.sent} bytes back, " \
+            f"{(len(proxy.open) - connections) // 2} new connections"
+    finally:
+        rank.kill()
+        rank.wait()
+    name, crc = sorted(json.loads(exp2.read_text()).items())[0]
+    fresh = subprocess.run([find_archfs(), "cat", url, name], check=True,
+                           capture_output=True).stdout
+    assert zlib.crc32(fresh) == crc, "a new process read the old version"
+
+
 def test_one_process_of_a_job_preloads_and_pushes_a_local_archive(job, tmp_path):
     """Four mounts of one local image (the ranks of a job without --shared) and two
     in-process readers: one preload and one push for the node."""
