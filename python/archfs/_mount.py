@@ -68,7 +68,7 @@ def mount(
     recursive: bool = False,
     allow_other: bool = False,
     log: Optional[PathLike] = None,
-    shared: bool = False,
+    shared: Optional[bool] = None,
     no_sign_request: bool = False,
     stage_dir: Optional[PathLike] = None,
     retry_for: Optional[float] = None,
@@ -85,7 +85,10 @@ def mount(
 
     ``shared=True``: all processes of a job on this node that mount the same archives
     this way share one mount (DDP ranks): the first mounts, the others wait until it is
-    live, and it goes when the last has left or died. Without it, each rank's mount of an
+    live, and it goes when the last has left or died. The default, ``None``, is ``True``
+    in one of several ranks a launcher started (torchrun, srun, mpirun), else ``False``:
+    each rank's own mount would hold its own kernel page cache of the files it read (up
+    to a copy of the dataset each, over epochs). Without sharing, each rank's mount of an
     s3:// archive still reads the node's one copy.
 
     ``no_sign_request``, ``stage_dir``, ``keep`` and ``retry_for`` are the command line's
@@ -113,6 +116,8 @@ def mount(
         argv += ["-o", "allow_other"]
     if log is not None:
         argv += ["--log", os.fspath(log)]
+    if shared is None:
+        shared = one_of_several_ranks()
     if shared:
         argv.append("--shared")
     if no_sign_request:
@@ -137,6 +142,23 @@ def mount(
     if mountpoint is None:
         return Mount(Path(done.stdout.strip()), shared)
     return Mount(Path(os.path.realpath(mountpoint)), shared)
+
+
+# What launchers tell a rank about the ranks beside it: torchrun's ranks on this node,
+# Open MPI's and MPICH's (Intel MPI's, Cray MPICH's) ranks on this node, srun's tasks.
+LAUNCHER_SIZES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                  "SLURM_STEP_NUM_TASKS")
+
+
+def one_of_several_ranks() -> bool:
+    """Whether a launcher started this process as one of several ranks."""
+    for var in LAUNCHER_SIZES:
+        try:
+            if int(os.environ.get(var, "")) > 1:
+                return True
+        except ValueError:
+            pass
+    return False
 
 
 def _message(stderr: str) -> str:

@@ -157,9 +157,9 @@ def test_the_installed_binary_and_extension_need_no_glibc_newer_than_2_17():
 
 RANK = """
 import os, sys, archfs
-img, want, work, i = sys.argv[1:]
+img, want, work, i, how = sys.argv[1:]
 want = open(want, "rb").read()
-with archfs.mount(img, shared=True) as root:
+with archfs.mount(img, **({"shared": True} if how == "asked" else {})) as root:
     print(root, flush=True)
     said = False
     while not os.path.exists(os.path.join(work, f"stop-{i}")):
@@ -170,12 +170,23 @@ with archfs.mount(img, shared=True) as root:
 """
 
 
-def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["asked", "torchrun", "srun"])
+def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_path, monkeypatch,
+                                                               how):
+    """Asked with shared=True, or by default in ranks a launcher started (torchrun and
+    srun say how many there are)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_ID", "99")
+    for var in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(var, raising=False)
+    if how != "asked":
+        monkeypatch.setenv({"torchrun": "LOCAL_WORLD_SIZE", "srun": "SLURM_STEP_NUM_TASKS"}[how],
+                           "8")
     want = tree / "train/cat/3.jpg"
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(sqfs), str(want), str(tmp_path),
-                               str(i)], stdout=subprocess.PIPE, text=True) for i in range(8)]
+                               str(i), how], stdout=subprocess.PIPE, text=True)
+             for i in range(8)]
     paths = {r.stdout.readline().strip() for r in ranks}
     assert len(paths) == 1, paths
     path = Path(paths.pop())
@@ -201,6 +212,22 @@ def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_pa
         if n < len(alive) - 1:
             assert os.path.ismount(path), f"unmounted while {len(alive) - n - 1} ranks remain"
     assert wait_for(lambda: not os.path.ismount(path))
+
+
+def test_a_process_alone_mounts_its_own(sqfs, tmp_path, monkeypatch):
+    """No launcher, or a launcher that started one rank: not shared by default."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for var in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(var, raising=False)
+    for env in ({}, {"LOCAL_WORLD_SIZE": "1", "SLURM_STEP_NUM_TASKS": "1"}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        m = archfs.mount(sqfs)
+        try:
+            assert not m.shared and not m.path.name.endswith("-shared"), (env, m.path)
+        finally:
+            m.unmount()
 
 
 def _args(proc):
