@@ -5,7 +5,8 @@
 //! - [`source`]: where the bytes come from (a local file today), positional reads;
 //! - [`cache`]: the shared block cache, bounded by bytes; [`memory`]: what the job may fill;
 //!   [`per_process`]: process-wide values a forked child makes anew; [`sync`]: locks a
-//!   forked child can use;
+//!   forked child can use; [`node`]: what the processes of a job on one node share;
+//!   [`topology`]: the job's nodes and ranks, as its launcher says them;
 //! - the formats: [`squashfs`], [`tar`] and [`compressed`] (random access into gzip,
 //!   zstd, xz and bzip2 streams, for the tar above them);
 //! - [`archive`]: the interface the formats implement, unions, the full check walk;
@@ -33,4 +34,5 @@ pub mod source;
 pub mod squashfs;
 pub mod sync;
 pub mod tar;
+pub mod topology;
 pub mod warm;

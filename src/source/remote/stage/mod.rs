@@ -209,13 +209,15 @@ impl Wanted {
                 Ok((file, placed)) => {
                     match placed {
                         place::Placed::Memory => tracing::info!(
-                            "{name}: copying {:.1} GB to this node's memory",
-                            size as f64 / 1e9
+                            "{name}: copying {:.1} GB to this node's memory{}",
+                            size as f64 / 1e9,
+                            every_node(size)
                         ),
                         place::Placed::Disk(dir) => tracing::warn!(
-                            "{name}: copying {:.1} GB to {}: it does not fit in memory",
+                            "{name}: copying {:.1} GB to {}: it does not fit in memory{}",
                             size as f64 / 1e9,
-                            dir.display()
+                            dir.display(),
+                            every_node(size)
                         ),
                     }
                     let init = file
@@ -257,6 +259,21 @@ impl Wanted {
             .as_ref()?;
         stage.pool_here();
         Some(stage)
+    }
+}
+
+/// What copying to every node of a job costs the storage, when the launcher says the job
+/// has more than one node.
+fn every_node(size: u64) -> String {
+    match crate::topology::from_env() {
+        Some(t) if t.nodes > 1 => format!(
+            " (the job has {} nodes, by {}: each copies the whole object, {:.1} GB from \
+             storage in all)",
+            t.nodes,
+            t.from,
+            size as f64 * f64::from(t.nodes) / 1e9
+        ),
+        _ => String::new(),
     }
 }
 
