@@ -348,7 +348,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 }
                 s.shared = true;
                 if s.auto_mountpoint {
-                    s.mountpoint = job::shared_mountpoint(&s.archives[0]);
+                    s.mountpoint = job::shared_mountpoint(&s.archives);
                 }
             }
             let server = job::Server {
@@ -365,7 +365,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 let owner = args.exit_with.unwrap_or_else(|| unsafe { libc::getppid() });
                 s.shared = true;
                 if s.auto_mountpoint {
-                    s.mountpoint = job::shared_mountpoint(&s.archives[0]);
+                    s.mountpoint = job::shared_mountpoint(&s.archives);
                 }
                 job::mount_shared(&s, owner)?
             } else {

@@ -416,9 +416,16 @@ pub fn default_mountpoint(archive: &Path) -> PathBuf {
 }
 
 /// The mount point all ranks of a job on this node agree on for a `--shared` mount of
-/// `archive`: [`default_mountpoint`] without the process.
-pub fn shared_mountpoint(archive: &Path) -> PathBuf {
-    job_directory(archive, "shared")
+/// `archives`: [`default_mountpoint`] with their identity ([`crate::node::archives_key`])
+/// for the process: two datasets both named `data.sqfs` get a mount each (by name alone,
+/// the second joined the first's mount and read the other dataset).
+pub fn shared_mountpoint(archives: &[PathBuf]) -> PathBuf {
+    let key = crate::node::archives_key(archives);
+    let first = archives
+        .first()
+        .map(PathBuf::as_path)
+        .unwrap_or(Path::new(""));
+    job_directory(first, &format!("{}-shared", &key[..8]))
 }
 
 /// `BASE/archfs-OWNER-NAME-SUFFIX`.

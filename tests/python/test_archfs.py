@@ -190,7 +190,8 @@ def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_pa
     paths = {r.stdout.readline().strip() for r in ranks}
     assert len(paths) == 1, paths
     path = Path(paths.pop())
-    assert path.name == "archfs-job99-data-shared" and os.path.ismount(path)
+    assert path.name.startswith("archfs-job99-data-") and path.name.endswith("-shared")
+    assert os.path.ismount(path)
     servers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and
                _args(p)[1:3] == ["__watchdog", str(path)]]
     assert len(servers) == 1, "one server for all ranks"
@@ -212,6 +213,24 @@ def test_eight_ranks_share_one_mount_that_goes_after_the_last(sqfs, tree, tmp_pa
         if n < len(alive) - 1:
             assert os.path.ismount(path), f"unmounted while {len(alive) - n - 1} ranks remain"
     assert wait_for(lambda: not os.path.ismount(path))
+
+
+def test_shared_mounts_of_two_archives_of_one_name_stay_apart(tmp_path, monkeypatch):
+    """Two datasets both called data.tar, mounted shared in one job: each rank gets the
+    archive it named, never a live mount of the other."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "98")
+    tars = []
+    for d in ("imagenet", "places"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / f"{d}.txt").write_text(d)
+        tar = tmp_path / d / "data.tar"
+        with tarfile.open(tar, "w") as t:
+            t.add(tmp_path / d / f"{d}.txt", arcname=f"{d}.txt")
+        tars.append(tar)
+    with archfs.mount(tars[0], shared=True) as a, archfs.mount(tars[1], shared=True) as b:
+        assert a != b
+        assert os.listdir(a) == ["imagenet.txt"] and os.listdir(b) == ["places.txt"]
 
 
 def test_a_process_alone_mounts_its_own(sqfs, tmp_path, monkeypatch):
