@@ -213,46 +213,32 @@ impl RemoteObject {
     }
 }
 
-/// What each process learned of the objects it opened (URL, the fork generation it was
-/// learned in, size, ETag, mtime), kept through a fork on purpose: a DataLoader worker
-/// forked each epoch opens the archive again, and takes its parent's answer rather than a
-/// round trip of its own (two on a new connection: 20 ms on a 10 ms link, a sixth of a
-/// small epoch). It also reads the version its parent listed; its GETs still send that
-/// ETag. A process opening an object again asks the server again. A plain lock, not
-/// [`PerProcess`]: the child reads the parent's, with `try_lock` (one held at the fork
-/// stays held: the child then asks the server).
-static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, Seen>> =
+/// What each process learned of the objects it opened, by URL, with the fork generation
+/// it was learned in (its first bytes left out), kept through a fork on purpose: a
+/// DataLoader worker forked each epoch opens the archive again, and takes its parent's
+/// answer rather than a round trip of its own (two on a new connection: 20 ms on a 10 ms
+/// link, a sixth of a small epoch). It also reads the version its parent listed; its GETs
+/// still send that ETag. A process opening an object again asks the server again. A plain
+/// lock, not [`PerProcess`]: the child reads the parent's, with `try_lock` (one held at
+/// the fork stays held: the child then asks the server).
+static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, (u64, http::Meta)>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
-
-struct Seen {
-    generation: u64,
-    size: u64,
-    etag: Option<String>,
-    mtime: i64,
-}
 
 fn remember(url: &str, meta: &http::Meta) {
     if let Ok(mut seen) = SEEN.try_lock() {
-        let seen_now = Seen {
-            generation: crate::per_process::generation(),
-            size: meta.size,
-            etag: meta.etag.clone(),
-            mtime: meta.mtime,
+        let meta = http::Meta {
+            first: Vec::new(),
+            ..meta.clone()
         };
-        seen.insert(url.to_owned(), seen_now);
+        seen.insert(url.to_owned(), (crate::per_process::generation(), meta));
     }
 }
 
 /// The object as an ancestor of this process found it (never this process's own).
 fn inherited(url: &str) -> Option<http::Meta> {
     let seen = SEEN.try_lock().ok()?;
-    let s = seen.get(url)?;
-    (s.generation < crate::per_process::generation()).then(|| http::Meta {
-        size: s.size,
-        etag: s.etag.clone(),
-        mtime: s.mtime,
-        first: Vec::new(),
-    })
+    let (generation, meta) = seen.get(url)?;
+    (*generation < crate::per_process::generation()).then(|| meta.clone())
 }
 
 /// The request target of `location` and the CA bundle to trust.
@@ -606,6 +592,8 @@ impl Inner {
 
     /// Fetches `[at, at + len)` in a few large GETs and keeps its chunks.
     fn fetch_ahead(&self, at: u64, len: u64) {
+        // Not once the node has a copy: its reads serve what was wanted (a DataLoader
+        // worker opening a SquashFS image each epoch fetched its tables again, 176 KiB).
         if self.stage().is_some() {
             return;
         }
@@ -848,11 +836,6 @@ impl Storage for RemoteObject {
     /// Fetched by the read-ahead threads in GETs of [`AHEAD_GET`], the end first (a
     /// format reads its tables from there), up to half the chunk cache.
     fn wanted_first(&self, at: u64, len: u64) {
-        // Not once the node has a copy: its reads serve the tables (a DataLoader worker
-        // opening the archive each epoch fetched them again, 176 KiB a worker).
-        if self.inner.stage().is_some() {
-            return;
-        }
         let end = at.saturating_add(len).min(self.inner.size);
         let at = at.max(end.saturating_sub(CHUNK_CACHE as u64 / 2));
         if at < end {
