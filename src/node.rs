@@ -27,10 +27,28 @@ fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// `archfs/KIND/uUID/jJOB/KEY`: private to this user and job by its checks, not by the
-/// kernel (abstract names have no permissions).
+/// `archfs/KIND/uUID/jJOB/nHOST/KEY`: private to this user and job by its checks, not by
+/// the kernel (abstract names have no permissions). HOST, the host name hashed, tells
+/// nodes apart that share a network namespace: the nodes a test makes of one machine
+/// (each its own UTS namespace), or containers of one job.
 pub fn name(kind: &str, key: &str) -> String {
-    format!("archfs/{kind}/u{}/j{}/{key}", euid(), job())
+    format!("archfs/{kind}/u{}/j{}/n{:08x}/{key}", euid(), job(), host())
+}
+
+/// The host name, hashed to 32 bits (a name must fit in 107 bytes).
+fn host() -> u32 {
+    use std::hash::{Hash, Hasher};
+    static HOST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let name = if rc == 0 { &buf[..] } else { &[][..] };
+        let name = name.split(|&b| b == 0).next().unwrap_or_default();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        h.finish() as u32
+    })
 }
 
 /// A seqpacket socket of this process's (each send one message, boundaries kept, with

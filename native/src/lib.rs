@@ -4,6 +4,8 @@
 //! the GIL released. The Python package (python/archfs/reader.py) builds the API users
 //! see on top of it.
 
+mod stage;
+
 use std::ffi::OsStr;
 use std::mem::ManuallyDrop;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -527,6 +529,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the command line gives them; more with ARCHFS_LOG.
     archfs::job::init_logging(false, false);
     m.add_class::<Archive>()?;
+    m.add_class::<stage::NodeCopy>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,7 +10,8 @@ import signal
 import time
 
 from . import __doc__ as DOC
-from . import SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, plots, ranks, remote, scale, shards
+from . import (SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, nodes, plots, ranks, remote, scale,
+               shards)
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report, save
@@ -70,9 +71,11 @@ def parse_args(argv):
     shards.add_args(ap)
     inproc.add_args(ap)
     ranks.add_args(ap)
+    nodes.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
-    args.files = args.files or (1000 if args.remote else 5000 if args.ranks else
+    args.files = args.files or (1000 if args.remote or (args.nodes and args.quick) else
+                                5000 if args.ranks or args.nodes else
                                 2000 if args.quick else 20000)
     args.runs = args.runs or (1 if args.remote or args.shards or args.inproc else 3)
     args.classes_given = args.classes
@@ -118,6 +121,9 @@ def main(argv):
         return
     if args.ranks:
         ranks.main(args)
+        return
+    if args.nodes:
+        nodes.main(args)
         return
     if args.scale:
         scale.main(args)

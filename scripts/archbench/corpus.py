@@ -118,3 +118,13 @@ def write_list(path, entries):
     with open(path, "w") as f:
         for p, s in entries:
             f.write(f"{p}\t{s}\n")
+
+
+def zstd_image(args):
+    """The bench's dataset as a zstd SquashFS image, made once per dataset; (image path,
+    manifest)."""
+    key = f"ds-{'jpeg' if args.jpeg else 'raw'}-{args.files}f-{args.classes}c-s{args.seed}"
+    ds = os.path.join(args.workdir, key)
+    os.makedirs(ds, exist_ok=True)
+    src, mpath = build_dataset(args, ds)
+    return build_artifacts(ds, src, args.classes)["zstd"], read_manifest(mpath)

@@ -264,6 +264,12 @@ def helper_remote(argv):
     helper(argv)
 
 
+def helper_node(argv):
+    """_node ...: one node of the --nodes bench's job (nodes.py)."""
+    from .nodes import helper_node as node
+    node(argv)
+
+
 def helper_rank(argv):
     """_rank ...: one rank of the --ranks bench's job (ranks.py)."""
     from .ranks import helper_rank as rank
@@ -273,4 +279,5 @@ def helper_rank(argv):
 HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
            "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
            "_remote": helper_remote, "_read_archive": helper_read_archive,
-           "_imagefolder_archive": helper_imagefolder_archive, "_rank": helper_rank}
+           "_imagefolder_archive": helper_imagefolder_archive, "_rank": helper_rank,
+           "_node": helper_node}

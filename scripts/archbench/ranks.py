@@ -48,7 +48,7 @@ import threading
 import time
 
 from . import SCRIPT, VPY
-from .corpus import build_artifacts, build_dataset, read_manifest, write_list
+from .corpus import write_list, zstd_image
 from .inproc import install_wheel
 from .remote import BUCKET, delta, ensure_deps, parse_links, remove, start_server
 from .report import save
@@ -558,12 +558,7 @@ def main(args):
         raise SystemExit(f"--ranks: unknown {bad}")
     ensure_deps(args)
     install_wheel(args, need=())
-    key = f"ds-{'jpeg' if args.jpeg else 'raw'}-{args.files}f-{args.classes}c-s{args.seed}"
-    ds = os.path.join(args.workdir, key)
-    os.makedirs(ds, exist_ok=True)
-    src, mpath = build_dataset(args, ds)
-    image = build_artifacts(ds, src, args.classes)["zstd"]
-    manifest = read_manifest(mpath)
+    image, manifest = zstd_image(args)
     tmp = os.path.join(args.workdir, "ranks")
     remove(tmp)
     os.makedirs(tmp)

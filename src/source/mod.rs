@@ -17,7 +17,8 @@ pub use buf::Buf;
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
 pub use remote::{
-    is_url, list_prefix, put_sidecar, remote_totals, RemoteObject, RemoteOptions, Staging, SIDECAR,
+    is_url, list_prefix, put_sidecar, remote_totals, CopyStatus, NodeCopy, RemoteObject,
+    RemoteOptions, Staging, SIDECAR,
 };
 
 use crate::error::{Error, Result};

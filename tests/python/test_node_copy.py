@@ -499,7 +499,11 @@ def test_another_user_gets_a_copy_of_its_own_and_not_the_first(job, tmp_path, mo
                  "except (BrokenPipeError, ConnectionResetError):\n"
                  "    msg, anc = b'', []\n"
                  "print(len(msg), len(anc))\n")
-        hub = f"archfs/copies/u{os.geteuid()}/j{os.environ['SLURM_JOB_ID']}/hub"
+        prefix = f"@archfs/copies/u{os.geteuid()}/j{os.environ['SLURM_JOB_ID']}/n"
+        hubs = {line.split()[-1][1:] for line in open("/proc/net/unix")
+                if line.split()[-1].startswith(prefix) and line.rstrip().endswith("/hub")}
+        assert len(hubs) == 1, hubs
+        hub = hubs.pop()
         out = subprocess.run(["setpriv", "--reuid=archfs-test", "--regid=archfs-test",
                               "--clear-groups", "--", sys.executable, "-c", probe, hub, url],
                              capture_output=True, text=True, timeout=DEADLINE)

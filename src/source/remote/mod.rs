@@ -27,6 +27,7 @@ use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::per_process::PerProcess;
 pub use http::totals as remote_totals;
+pub use stage::{NodeCopy, Status as CopyStatus};
 pub use url::is_url;
 use url::Location;
 

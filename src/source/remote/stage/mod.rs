@@ -15,6 +15,9 @@ mod board;
 mod hub;
 mod keep;
 mod place;
+mod share;
+
+pub use share::{NodeCopy, Status};
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -182,6 +185,15 @@ impl Wanted {
 
     /// Makes the copy unless some process of the job on the node has.
     pub fn make(&self) {
+        if self.create(false) {
+            let _ = self.stage();
+        }
+    }
+
+    /// Places the copy on the node, all pieces free, unless some process of the job on
+    /// the node has; whether the node has one now. `shared`: the job's nodes share the
+    /// stage-in ([`share`]), and its log line says so.
+    fn create(&self, shared: bool) -> bool {
         let id = self.object.identity();
         let size = self.object.size;
         let pieces = size.div_ceil(PIECE);
@@ -211,13 +223,13 @@ impl Wanted {
                         place::Placed::Memory => tracing::info!(
                             "{name}: copying {:.1} GB to this node's memory{}",
                             size as f64 / 1e9,
-                            every_node(size)
+                            every_node(size, shared)
                         ),
                         place::Placed::Disk(dir) => tracing::warn!(
                             "{name}: copying {:.1} GB to {}: it does not fit in memory{}",
                             size as f64 / 1e9,
                             dir.display(),
-                            every_node(size)
+                            every_node(size, shared)
                         ),
                     }
                     let init = file
@@ -239,32 +251,35 @@ impl Wanted {
                 }
             }
         });
-        if slot.is_some_and(|s| s.get().is_some()) {
-            let _ = self.stage();
-        }
+        slot.is_some_and(|s| s.get().is_some())
     }
 
-    /// The copy, once this process has it.
+    /// The copy, once this process has it; its free pieces are copied here too.
     pub fn stage(&self) -> Option<&Arc<Stage>> {
-        self.refresh();
-        if let Some(found) = self.stage.get() {
-            let stage = found.as_ref()?;
-            stage.pool_here();
-            return Some(stage);
-        }
-        let file = self.slot.get()?.try_clone().ok()?;
-        let stage = self
-            .stage
-            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress))
-            .as_ref()?;
+        let stage = self.unpooled()?;
         stage.pool_here();
         Some(stage)
+    }
+
+    /// The copy, once this process has it, not yet copied by it.
+    fn unpooled(&self) -> Option<&Arc<Stage>> {
+        self.refresh();
+        if let Some(found) = self.stage.get() {
+            return found.as_ref();
+        }
+        let file = self.slot.get()?.try_clone().ok()?;
+        self.stage
+            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress))
+            .as_ref()
     }
 }
 
 /// What copying to every node of a job costs the storage, when the launcher says the job
-/// has more than one node.
-fn every_node(size: u64) -> String {
+/// has more than one node and they do not share the stage-in.
+fn every_node(size: u64, shared: bool) -> String {
+    if shared {
+        return " (its share from storage, the rest from the job's other nodes)".into();
+    }
     match crate::topology::from_env() {
         Some(t) if t.nodes > 1 => format!(
             " (the job has {} nodes, by {}: each copies the whole object, {:.1} GB from \

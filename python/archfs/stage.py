@@ -1,0 +1,344 @@
+"""``archfs.stage``: one copy of an archive in object storage on every node of a job, each
+byte read from the storage once for the whole job, not once per node.
+
+Every rank of the job calls it (it is collective)::
+
+    from mpi4py import MPI
+    import archfs
+    archfs.stage("s3://bucket/imagenet.sqfs", MPI.COMM_WORLD)
+    with archfs.mount("s3://bucket/imagenet.sqfs") as root:   # reads the node's copy
+        ...
+
+Ranks are grouped into nodes by host name. Of N nodes, node k fetches the k-th 1/N of
+the object from storage, and sends each of its pieces, as it arrives, to the other nodes
+with the job's own engine (MPI point-to-point, non-blocking), which write the pieces they
+receive straight into their copy (the copy's memory is mapped here: nothing is copied on
+the way). A node that sends nothing for ``timeout`` seconds (it died, or stalled) is left
+out: its pieces are fetched from storage. The copy is the node's (see
+``archfs.mount``, ``archfs.open_archive``): it lives while any process of the job on the
+node holds it, this call's result included, and goes with the last.
+"""
+
+import mmap
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _native
+
+# Pieces of its own a node sends at once, to every other node; and pieces a node
+# receives from each other node at once. Pieces go straight between the copies' mapped
+# memory: these bound the requests under way, not buffers.
+SEND_AHEAD = 4
+RECEIVE_AHEAD = 2
+
+
+class StageError(RuntimeError):
+    """The node's copy could not be made; the message says why and what to do."""
+
+
+class Staged:
+    """The node's copy, held: while this lives, the node keeps its copy. What the stage-in
+    did is in ``nodes``, ``node`` (this one's index), ``seconds``, ``received`` and
+    ``sent`` (bytes over the job's network) and ``given_up`` (nodes left out)."""
+
+    def __init__(self, copy: Any, nodes: int, node: int) -> None:
+        self.copy = copy
+        self.nodes = nodes
+        self.node = node
+        self.seconds = 0.0
+        self.received = 0
+        self.sent = 0
+        self.given_up: List[int] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"<archfs.Staged node {self.node} of {self.nodes}, {self.copy.size} bytes, "
+            f"{self.copy.left} pieces to come>"
+        )
+
+
+def stage(
+    url: str,
+    comm: Any = None,
+    *,
+    timeout: float = 60.0,
+    no_sign_request: bool = False,
+    stage_dir: Optional[str] = None,
+    keep: Optional[int] = None,
+    quiet: bool = False,
+) -> Staged:
+    """Makes the node's copy of the object at ``url`` on every node of the job, each node
+    reading its share from storage and the rest from the other nodes over ``comm`` (an
+    mpi4py communicator; ``None``: ``MPI.COMM_WORLD``). Collective: every rank of
+    ``comm`` calls it. Returns when this node's copy is whole.
+
+    ``timeout``: seconds a node may go without moving a piece before the others fetch
+    its pieces from storage themselves. ``stage_dir``/``keep`` as ``archfs mount``'s
+    ``--stage-dir``/``--keep``. ``quiet``: no summary line on stderr (rank 0's)."""
+    start = time.monotonic()
+    net = _Mpi(comm)
+    hosts = net.allgather(socket.gethostname())
+    order = list(dict.fromkeys(hosts))
+    nodes, node = len(order), order.index(hosts[net.rank])
+    leader = hosts.index(hosts[net.rank]) == net.rank
+    leaders = net.split(leader, node)
+    options: Dict[str, Any] = dict(
+        no_sign_request=no_sign_request, stage_dir=stage_dir, keep=keep
+    )
+    copy, error = None, None
+    try:
+        copy = _native.NodeCopy(url, make=leader, wait=timeout, **options)
+    except (OSError, ValueError) as e:
+        error = f"{hosts[net.rank]}: {e}"
+    # Every rank learns of any failure, so none waits on a node that will not come.
+    errors = [e for e in net.allgather(error) if e]
+    if errors:
+        raise StageError(f"archfs.stage({url}): " + "; ".join(errors))
+    staged = Staged(copy, nodes, node)
+    if leader:
+        _exchange(staged, leaders, timeout)
+    state = copy.wait_whole(0)
+    while state == "pending":
+        state = copy.wait_whole(1.0)
+    staged.seconds = time.monotonic() - start
+    # No collective past the exchange: a node may have died in it.
+    if state != "copied":
+        raise StageError(
+            f"archfs.stage({url}): the copy on {hosts[net.rank]} failed (the warning "
+            "above says why); reads there fetch from storage"
+        )
+    if net.rank == 0 and not quiet:
+        print(
+            f"archfs: {url}: {copy.size / 1e9:.2f} GB on this node in {staged.seconds:.1f} s, "
+            f"{staged.received / 1e9:.2f} GB of it from the job's other {nodes - 1} nodes"
+            + (f" (nodes left out: {staged.given_up})" if staged.given_up else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+    return staged
+
+
+def _ranges(pieces: int, nodes: int) -> List[Tuple[int, int]]:
+    """Each node's share: a contiguous run of pieces (long GETs), sizes within one."""
+    return [(j * pieces // nodes, (j + 1) * pieces // nodes) for j in range(nodes)]
+
+
+def _exchange(staged: Staged, net: "_Mpi", timeout: float) -> None:
+    """The leaders' part: fetch this node's share, send it, receive the others'."""
+    copy, k = staged.copy, net.rank
+    n = net.size
+    shape = net.allgather((copy.size, copy.left == 0))
+    if any(s[0] != copy.size for s in shape):
+        raise StageError(
+            "the nodes see different versions of the object (sizes "
+            f"{sorted({s[0] for s in shape})}): it was replaced during the stage-in; run again"
+        )
+    if all(whole for _, whole in shape):
+        return
+    ranges = _ranges(copy.pieces, n)
+    lo, hi = ranges[k]
+    copy.share(lo, hi)
+    if n == 1:
+        return
+    whole_here = shape[k][1]
+    data = mmap.mmap(copy.fileno(), copy.size)
+    view = memoryview(data)
+    ps = copy.piece_size
+
+    def span(p: int) -> memoryview:
+        return view[p * ps : min((p + 1) * ps, copy.size)]
+
+    send_to = [j for j in range(n) if j != k and not shape[j][1]]
+    receive_from = [] if whole_here else [j for j in range(n) if j != k]
+    next_send = lo
+    sending: List[Tuple[int, List[Tuple[int, Any]]]] = []
+    next_receive = {j: ranges[j][0] for j in receive_from}
+    receiving: Dict[int, List[Tuple[int, Any, bool, Any]]] = {j: [] for j in receive_from}
+    moved = {j: time.monotonic() for j in range(n)}
+    dead: set = set()
+
+    abandoned: List[Any] = []
+
+    def give_up(j: int, why: str) -> None:
+        dead.add(j)
+        staged.given_up.append(j)
+        held = [q for q, req, into, _ in receiving.get(j, [])]
+        # Cancelled, then completed or freed below: MPI_Finalize may wait for requests
+        # left under way.
+        mine = [req for _, req, _, _ in receiving.get(j, [])]
+        mine += [req for _, reqs in sending for jj, req in reqs if jj == j]
+        for req in mine:
+            net.cancel(req)
+        abandoned.extend(mine)
+        receiving[j] = []
+        start_q = next_receive.get(j, ranges[j][1])
+        released = copy.release(held + list(range(start_q, ranges[j][1])))
+        next_receive[j] = ranges[j][1]
+        print(
+            f"archfs: node {k}: node {j} {why}: its {released} pieces left are "
+            "fetched from storage here",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        while True:
+            busy = False
+            # This node's pieces, to every other node, as each lands here.
+            while len(sending) < SEND_AHEAD and next_send < hi:
+                state = copy.wait(next_send, 0)
+                if state == "pending":
+                    break
+                if state == "failed":
+                    next_send = hi  # the others give up on this node and fetch its share
+                    break
+                reqs = []
+                for j in send_to:
+                    if j in dead:
+                        continue
+                    try:
+                        reqs.append((j, net.isend(span(next_send), j)))
+                    except net.errors as e:
+                        give_up(j, f"cannot be sent to ({e})")
+                sending.append((next_send, reqs))
+                next_send += 1
+                busy = True
+            for entry in list(sending):
+                p, reqs = entry
+                left = []
+                for j, req in reqs:
+                    if j in dead:
+                        continue
+                    try:
+                        if net.done(req):
+                            moved[j] = time.monotonic()
+                            staged.sent += len(span(p))
+                            continue
+                    except net.errors as e:
+                        give_up(j, f"failed ({e})")
+                        continue
+                    left.append((j, req))
+                if left:
+                    entry[1][:] = left
+                else:
+                    sending.remove(entry)
+                    busy = True
+            # The other nodes' pieces, in each node's order (MPI keeps a sender's order).
+            for j in receive_from:
+                if j in dead:
+                    continue
+                pending = receiving[j]
+                while len(pending) < RECEIVE_AHEAD and next_receive[j] < ranges[j][1]:
+                    q = next_receive[j]
+                    into = copy.receive(q)
+                    # A piece the node has (or another process brings): received and dropped.
+                    buf = span(q) if into else bytearray(len(span(q)))
+                    try:
+                        pending.append((q, net.irecv(buf, j), into, buf))
+                    except net.errors as e:
+                        if into:
+                            copy.release([q])
+                        give_up(j, f"cannot be received from ({e})")
+                        break
+                    next_receive[j] += 1
+                while pending and j not in dead:
+                    q, req, into, _ = pending[0]
+                    try:
+                        if not net.done(req):
+                            break
+                    except net.errors as e:
+                        give_up(j, f"failed ({e})")
+                        break
+                    pending.pop(0)
+                    if into:
+                        copy.landed(q)
+                    staged.received += len(span(q))
+                    moved[j] = time.monotonic()
+                    busy = True
+            now = time.monotonic()
+            for j in range(n):
+                waiting = receiving.get(j) or any(
+                    any(jj == j for jj, _ in reqs) for _, reqs in sending
+                )
+                if j not in dead and waiting and now - moved[j] > timeout:
+                    give_up(j, f"moved nothing for {timeout:.0f} s")
+            done_receiving = all(
+                j in dead or (not receiving[j] and next_receive[j] >= ranges[j][1])
+                for j in receive_from
+            )
+            if next_send >= hi and not sending and done_receiving:
+                break
+            if not busy:
+                if next_send < hi and len(sending) < SEND_AHEAD:
+                    copy.wait(next_send, 0.002)
+                else:
+                    time.sleep(0.0005)
+    finally:
+        _let_go(net, abandoned)
+        try:
+            view.release()
+            data.close()
+        except BufferError:
+            pass  # a cancelled request may still hold it: the mapping goes at exit
+
+
+def _let_go(net: "_Mpi", requests: List[Any]) -> None:
+    """Completes cancelled requests, for a second at most; frees those still held."""
+    until = time.monotonic() + 1.0
+    for req in requests:
+        try:
+            while not net.done(req) and time.monotonic() < until:
+                time.sleep(0.001)
+            if not net.done(req):
+                req.Free()
+        except net.errors:
+            pass
+
+
+class _Mpi:
+    """What the stage-in needs of MPI, over a duplicate of the user's communicator (its
+    messages never meet the job's own); errors raise rather than abort the job."""
+
+    def __init__(self, comm: Any) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise StageError(
+                "archfs.stage needs mpi4py: pip install mpi4py (it uses the MPI of the "
+                "job's launcher: run the job with mpirun or srun)"
+            ) from e
+        self.MPI = MPI
+        self.errors = (MPI.Exception,)
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    def allgather(self, value: Any) -> List[Any]:
+        return self.comm.allgather(value)
+
+    def split(self, member: bool, key: int) -> "_Mpi":
+        part = self.comm.Split(0 if member else self.MPI.UNDEFINED, key)
+        wrapped = _Mpi.__new__(_Mpi)
+        wrapped.MPI, wrapped.errors, wrapped.comm = self.MPI, self.errors, part
+        if part != self.MPI.COMM_NULL:
+            wrapped.rank, wrapped.size = part.Get_rank(), part.Get_size()
+        return wrapped
+
+    def isend(self, buf: Any, dest: int) -> Any:
+        return self.comm.Isend(buf, dest=dest, tag=7)
+
+    def irecv(self, buf: Any, source: int) -> Any:
+        return self.comm.Irecv(buf, source=source, tag=7)
+
+    def done(self, req: Any) -> bool:
+        return bool(req.Test())
+
+    def cancel(self, req: Any) -> None:
+        try:
+            req.Cancel()
+        except self.errors:
+            pass
