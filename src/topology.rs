@@ -12,6 +12,8 @@ pub struct Topology {
     pub node: Option<u32>,
     /// The job's ranks on this node, when the launcher says it.
     pub ranks_here: Option<u32>,
+    /// This process's index among them, when the launcher says it.
+    pub rank_here: Option<u32>,
     /// The variables it came from, for log lines ("by ...").
     pub from: &'static str,
 }
@@ -28,20 +30,22 @@ pub fn detect(var: impl Fn(&str) -> Option<String>) -> Option<Topology> {
             .and_then(|v| v.trim().parse::<u32>().ok())
             .filter(|&n| n > 0)
     };
+    let index = |k: &str| var(k).and_then(|v| v.trim().parse::<u32>().ok());
     // torchrun: WORLD_SIZE ranks, LOCAL_WORLD_SIZE of them on each node, GROUP_RANK the
     // node (torchrun starts the same number on every node).
     if let (Some(world), Some(local)) = (num("WORLD_SIZE"), num("LOCAL_WORLD_SIZE")) {
         return Some(Topology {
             nodes: world.div_ceil(local),
-            node: var("GROUP_RANK").and_then(|v| v.trim().parse().ok()),
+            node: index("GROUP_RANK"),
             ranks_here: Some(local),
+            rank_here: index("LOCAL_RANK"),
             from: "torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE",
         });
     }
     // SLURM: the job's nodes, this node's index, and the tasks of the step on each node
     // ("2(x3),1": two on each of the first three nodes, one on the fourth).
     if let Some(nodes) = num("SLURM_JOB_NUM_NODES").or_else(|| num("SLURM_NNODES")) {
-        let node = var("SLURM_NODEID").and_then(|v| v.trim().parse().ok());
+        let node = index("SLURM_NODEID");
         let ranks_here = num("SLURM_NTASKS_PER_NODE").or_else(|| {
             let spec = var("SLURM_STEP_TASKS_PER_NODE").or_else(|| var("SLURM_TASKS_PER_NODE"))?;
             tasks_on(&spec, node.unwrap_or(0))
@@ -50,20 +54,23 @@ pub fn detect(var: impl Fn(&str) -> Option<String>) -> Option<Topology> {
             nodes,
             node,
             ranks_here,
+            rank_here: index("SLURM_LOCALID"),
             from: "SLURM_JOB_NUM_NODES",
         });
     }
     // mpirun: Open MPI's and MPICH's (Hydra's) world and local sizes; the node's index is
     // not said.
-    for (world, local, from) in [
+    for (world, local, here, from) in [
         (
             "OMPI_COMM_WORLD_SIZE",
             "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
             "Open MPI's OMPI_COMM_WORLD_SIZE and _LOCAL_SIZE",
         ),
         (
             "PMI_SIZE",
             "MPI_LOCALNRANKS",
+            "MPI_LOCALRANKID",
             "MPICH's PMI_SIZE and MPI_LOCALNRANKS",
         ),
     ] {
@@ -72,6 +79,7 @@ pub fn detect(var: impl Fn(&str) -> Option<String>) -> Option<Topology> {
                 nodes: world.div_ceil(local),
                 node: None,
                 ranks_here: Some(local),
+                rank_here: index(here),
                 from,
             });
         }
@@ -86,6 +94,7 @@ pub fn detect(var: impl Fn(&str) -> Option<String>) -> Option<Topology> {
                 nodes,
                 node: None,
                 ranks_here: None,
+                rank_here: None,
                 from,
             });
         }
@@ -158,9 +167,11 @@ mod tests {
             ("WORLD_SIZE", "16"),
             ("LOCAL_WORLD_SIZE", "8"),
             ("GROUP_RANK", "1"),
+            ("LOCAL_RANK", "0"),
         ])
         .unwrap();
         assert_eq!((t.nodes, t.node, t.ranks_here), (2, Some(1), Some(8)));
+        assert_eq!(t.rank_here, Some(0));
         assert!(t.from.starts_with("torchrun"));
     }
 
@@ -169,9 +180,11 @@ mod tests {
         let t = with(&[
             ("OMPI_COMM_WORLD_SIZE", "12"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
         ])
         .unwrap();
         assert_eq!((t.nodes, t.node, t.ranks_here), (3, None, Some(4)));
+        assert_eq!(t.rank_here, Some(3));
         let t = with(&[("PMI_SIZE", "8"), ("MPI_LOCALNRANKS", "8")]).unwrap();
         assert_eq!(t.nodes, 1);
         assert_eq!(with(&[("PBS_NUM_NODES", "5")]).unwrap().nodes, 5);

@@ -530,6 +530,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     archfs::job::init_logging(false, false);
     m.add_class::<Archive>()?;
     m.add_class::<stage::NodeCopy>()?;
+    m.add_function(wrap_pyfunction!(stage::fetched, m)?)?;
+    m.add_function(wrap_pyfunction!(stage::topology, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

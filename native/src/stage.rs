@@ -142,3 +142,17 @@ impl NodeCopy {
         self.inner.left()
     }
 }
+
+/// Requests this process made of object stores so far, and the body bytes they brought.
+#[pyfunction]
+pub fn fetched() -> (u64, u64) {
+    archfs::source::remote_totals().unwrap_or((0, 0))
+}
+
+/// The job's shape as its launcher says it: (nodes, this node's index, ranks on this
+/// node, this rank's index among them, where it was read), `None` outside a job.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn topology() -> Option<(u32, Option<u32>, Option<u32>, Option<u32>, &'static str)> {
+    archfs::topology::from_env().map(|t| (t.nodes, t.node, t.ranks_here, t.rank_here, t.from))
+}

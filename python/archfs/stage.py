@@ -20,7 +20,6 @@ node holds it, this call's result included, and goes with the last.
 """
 
 import mmap
-import os
 import socket
 import sys
 import time
@@ -41,8 +40,9 @@ class StageError(RuntimeError):
 
 class Staged:
     """The node's copy, held: while this lives, the node keeps its copy. What the stage-in
-    did is in ``nodes``, ``node`` (this one's index), ``seconds``, ``received`` and
-    ``sent`` (bytes over the job's network) and ``given_up`` (nodes left out)."""
+    did is in ``nodes``, ``node`` (this one's index), ``seconds``, ``from_storage`` (bytes
+    this process fetched from the object store), ``received`` and ``sent`` (bytes over the
+    job's network) and ``given_up`` (nodes left out)."""
 
     def __init__(self, copy: Any, nodes: int, node: int) -> None:
         self.copy = copy
@@ -51,6 +51,7 @@ class Staged:
         self.seconds = 0.0
         self.received = 0
         self.sent = 0
+        self.from_storage = 0
         self.given_up: List[int] = []
 
     def __repr__(self) -> str:
@@ -79,6 +80,7 @@ def stage(
     its pieces from storage themselves. ``stage_dir``/``keep`` as ``archfs mount``'s
     ``--stage-dir``/``--keep``. ``quiet``: no summary line on stderr (rank 0's)."""
     start = time.monotonic()
+    fetched = _native.fetched()[1]
     net = _Mpi(comm)
     hosts = net.allgather(socket.gethostname())
     order = list(dict.fromkeys(hosts))
@@ -104,6 +106,7 @@ def stage(
     while state == "pending":
         state = copy.wait_whole(1.0)
     staged.seconds = time.monotonic() - start
+    staged.from_storage = _native.fetched()[1] - fetched
     # No collective past the exchange: a node may have died in it.
     if state != "copied":
         raise StageError(
@@ -112,8 +115,9 @@ def stage(
         )
     if net.rank == 0 and not quiet:
         print(
-            f"archfs: {url}: {copy.size / 1e9:.2f} GB on this node in {staged.seconds:.1f} s, "
-            f"{staged.received / 1e9:.2f} GB of it from the job's other {nodes - 1} nodes"
+            f"archfs: {url}: {copy.size / 1e9:.2f} GB on this node in {staged.seconds:.1f} s: "
+            f"{staged.from_storage / 1e9:.2f} GB from storage, {staged.received / 1e9:.2f} GB "
+            f"from the job's other {nodes - 1} nodes"
             + (f" (nodes left out: {staged.given_up})" if staged.given_up else ""),
             file=sys.stderr,
             flush=True,

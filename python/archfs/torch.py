@@ -14,15 +14,20 @@ opens the archive at its first sample (a forked one too). Needs torchvision and 
 
 import gc
 import io
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+import os
+import random
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import torch.utils.data
 
 from torchvision.datasets import DatasetFolder as _DatasetFolder
 from torchvision.datasets import ImageFolder as _ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from .partition import node_shares
 from .reader import Archive
 
-__all__ = ["DatasetFolder", "ImageFolder", "pil_loader"]
+__all__ = ["DatasetFolder", "ImageFolder", "NodeSampler", "pil_loader"]
 
 
 def pil_loader(f) -> Any:
@@ -172,3 +177,81 @@ class ImageFolder(DatasetFolder, _ImageFolder):
         )
         self.imgs = self.samples
 
+
+
+class NodeSampler(torch.utils.data.Sampler):
+    """For a dataset larger than a node: keeps each node of the job on a fixed share of
+    the samples, every class in every share, shuffled within the node every epoch and
+    split among the node's ranks (``archfs.partition`` says how, and what it does to
+    shuffling). In place of ``DistributedSampler``, with ``set_epoch`` as there::
+
+        sampler = NodeSampler(dataset)            # the job's shape from the launcher
+        loader = DataLoader(dataset, batch_size=256, sampler=sampler, num_workers=8)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+
+    ``dataset`` has ``targets`` (an ImageFolder's, torchvision's or archfs's). Every rank
+    of the job draws the same number of samples an epoch (a share's own, wrapped
+    around, pad the shorter ones), as DDP needs. The shape, when not given, is the
+    launcher's: torchrun's, srun's, mpirun's (with torch.distributed's rank when the
+    launcher does not say the node's index)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        nodes: Optional[int] = None,
+        node: Optional[int] = None,
+        ranks_here: Optional[int] = None,
+        rank_here: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        from . import _native
+
+        shape = _native.topology() or (1, 0, 1, 0, "")
+        nodes = nodes if nodes is not None else shape[0]
+        ranks_here = ranks_here if ranks_here is not None else (shape[2] or 1)
+        rank_here = rank_here if rank_here is not None else (shape[3] or 0)
+        if node is None:
+            node = shape[1] if shape[1] is not None else _global_rank() // ranks_here
+        if not 0 <= node < nodes or not 0 <= rank_here < ranks_here:
+            raise ValueError(
+                f"node {node} of {nodes}, rank {rank_here} of {ranks_here} on it: "
+                "pass nodes=, node=, ranks_here= and rank_here= as the job has them"
+            )
+        shares = node_shares(list(dataset.targets), nodes)
+        self.share = shares[node]
+        self.nodes, self.node = nodes, node
+        self.ranks_here, self.rank_here = ranks_here, rank_here
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        longest = max(len(s) for s in shares)
+        self.num_samples = -(-longest // ranks_here)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.share)
+        if self.shuffle:
+            # The same order on every rank of the node; another on each node and epoch.
+            random.Random(f"{self.seed}/{self.epoch}/{self.node}").shuffle(order)
+        want = self.num_samples * self.ranks_here
+        if order:
+            order = (order * (-(-want // len(order))))[:want]
+        return iter(order[self.rank_here :: self.ranks_here])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def _global_rank() -> int:
+    """This process's rank in the job: torch.distributed's, else the launcher's."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(k, "").isdigit():
+            return int(os.environ[k])
+    return 0

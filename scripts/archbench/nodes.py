@@ -128,8 +128,8 @@ class NodesBench:
 def line(r):
     copy = "no copy" if r["way"] == "on demand" else f"full copy on every node in {r['copy_s']:.1f} s"
     bad = f", {r['errors']} ERRORS ({r['first_error']})" if r["errors"] else ""
-    return (f"{r['nodes']} nodes, {r['way']}: from storage {r['storage']:.2f}x the archive, "
-            f"{copy}, first epoch {r['epoch_s']:.1f} s after it, {r['total_s']:.1f} s in all"
+    return (f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}, {r['way']}: from storage {r['storage']:.2f}x the archive, "
+            f"{copy}, first epoch {r['epoch_s']:.2f} s after it, {r['total_s']:.1f} s in all"
             f"{bad}")
 
 
@@ -150,7 +150,7 @@ def report(b, args, manifest, label):
             vs = [f"{w} {base[w]['total_s'] / t['total_s']:.2f}x"
                   for w in WAYS if w != "together" and w in base]
             if vs:
-                out.append(f"- {n} nodes: copy and first epoch, others' time over "
+                out.append(f"- {n} node{'s' if n > 1 else ''}: copy and first epoch, others' time over "
                            f"together's: {', '.join(vs)}")
     return "\n".join(out) + "\n"
 

@@ -677,3 +677,34 @@ def test_one_process_of_a_job_preloads_and_pushes_a_local_archive(job, tmp_path)
     finally:
         for m in mounts:
             subprocess.run([archfs_bin, "unmount", str(m)])
+
+
+def test_a_job_of_many_nodes_reads_on_demand_and_says_why(job, tmp_path, monkeypatch):
+    """In a job of 64 nodes `auto` copies nothing to the node (a copy on each would read
+    64x the object from storage): one warning says so and what to do; reads are whole."""
+    img, expected = make_image(tmp_path, 48 * MiB, seed=21)
+    size = img.stat().st_size
+    url = upload(job, img, "many-nodes.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    reader = subprocess.Popen(
+        [sys.executable, "-c",
+         "import archfs, json, sys, zlib\n"
+         "a = archfs.open_archive(sys.argv[1])\n"
+         "exp = json.load(open(sys.argv[2]))\n"
+         "bad = [n for n in sorted(exp) if zlib.crc32(a.read(n)) != exp[n]]\n"
+         "print('bad', bad[:5], flush=True); sys.stdin.readline()\n",
+         url, str(expected)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, SLURM_JOB_NUM_NODES="64"))
+    try:
+        assert until_line(reader, "bad []"), "".join(reader.seen)
+        assert not copies([reader.pid]), "a copy was made in a job of 64 nodes"
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=DEADLINE)
+    err = reader.stderr.read()
+    assert err.count("not copied to this node: the job has 64 nodes") == 1, err
+    assert "archfs.stage.stage(URL)" in err, err
+    print(f"64 nodes, on demand: server sent {proxy.sent / size:.2f}x the object")
+    assert proxy.sent < 2 * size

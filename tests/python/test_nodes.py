@@ -65,7 +65,7 @@ if rank % int(os.environ["RANKS_PER_NODE"]) == 0:
                 if zlib.crc32((root / n).read_bytes()) != expected[n]]
 print("done", json.dumps(dict(rank=rank, node=staged.node, nodes=staged.nodes,
       host=socket.gethostname(), digest=digest, bad=bad[:5], given_up=staged.given_up,
-      received=staged.received)), flush=True)
+      received=staged.received, from_storage=staged.from_storage)), flush=True)
 """
 
 # Starts a rank as a node of its own: a UTS namespace named after its node and a mount
@@ -146,6 +146,8 @@ def test_each_byte_leaves_the_storage_once_for_the_job(job, tmp_path, monkeypatc
     # Each node received the others' shares: (N-1)/N of the object.
     for r in leaders:
         assert abs(r["received"] - size * (nodes - 1) / nodes) <= 4 * MiB + 1, r
+        # Its own share from storage (pieces of 4 MiB), and the object's first bytes.
+        assert abs(r["from_storage"] - size / nodes) <= 4 * MiB + 64 * 1024, r
     print(f"{nodes} nodes: from storage {proxy.sent / size:.3f}x the archive")
     assert size <= proxy.sent <= 1.1 * size, f"storage sent {proxy.sent / size:.2f}x"
     assert nothing_left(before), "a copy outlived the job"

@@ -691,3 +691,67 @@ def test_members_read_in_process_as_gnu_tar_extracts_them(tmp_path):
     ours = ImageFolder(tar, "twice")
     assert [(os.path.relpath(p, "twice"), c) for p, c in ours.samples] == [
         (os.path.relpath(p, ex / "twice"), c) for p, c in theirs.samples]
+
+
+def test_node_shares_cover_every_file_once_with_every_class_on_every_node():
+    from archfs.partition import node_shares, runs
+
+    rng = random.Random(5)
+    # 40 classes of 1-300 samples, sorted by class as an ImageFolder's are.
+    targets = [c for c in range(40) for _ in range(rng.randrange(1, 300))]
+    for nodes in (1, 2, 4, 7):
+        shares = node_shares(targets, nodes)
+        assert sorted(i for s in shares for i in s) == list(range(len(targets)))
+        sizes = [len(s) for s in shares]
+        assert max(sizes) - min(sizes) <= 40, sizes
+        for c in range(40):
+            n = targets.count(c)
+            got = [sum(targets[i] == c for i in s) for s in shares]
+            assert all(n // nodes <= g <= -(-n // nodes) for g in got), (c, n, got)
+        # One run of the archive a class, at most, on each node.
+        assert all(len(runs(s)) <= 40 for s in shares)
+    with pytest.raises(ValueError):
+        node_shares(targets, 0)
+
+
+def test_node_sampler_keeps_each_node_on_its_share_and_shuffles_it(tmp_path):
+    torch_or_skip()
+    from archfs.partition import node_shares
+    from archfs.torch import ImageFolder, NodeSampler
+
+    src = tmp_path / "classes"
+    for c in range(6):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(5 + 7 * c):
+            (src / f"c{c}" / f"{i:03d}.jpg").write_bytes(b"x" * i)
+    img = tmp_path / "classes.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(img), "-noappend", "-quiet", "-no-progress"],
+                   check=True)
+    ds = ImageFolder(str(img))
+    nodes, ranks = 4, 2
+    shares = node_shares(ds.targets, nodes)
+    seen = {}
+    for epoch in range(3):
+        for node in range(nodes):
+            drawn = []
+            for r in range(ranks):
+                s = NodeSampler(ds, nodes=nodes, node=node, ranks_here=ranks, rank_here=r,
+                                seed=1)
+                s.set_epoch(epoch)
+                got = list(s)
+                assert len(got) == len(s) == -(-max(map(len, shares)) // ranks)
+                drawn += got
+            # The node's ranks draw its share, all of it, padded by its own samples.
+            assert set(drawn) == set(shares[node])
+            assert {ds.targets[i] for i in drawn} == set(range(6)), "a class missing"
+            seen[epoch, node] = drawn
+    assert all(seen[0, n] != seen[1, n] for n in range(nodes)), "not reshuffled"
+    # The shape from the launcher's variables (srun's).
+    env = dict(SLURM_JOB_NUM_NODES="4", SLURM_NODEID="2", SLURM_NTASKS_PER_NODE="2",
+               SLURM_LOCALID="1")
+    code = ("import sys; from archfs.torch import ImageFolder, NodeSampler\n"
+            "s = NodeSampler(ImageFolder(sys.argv[1]), seed=1)\n"
+            "print(s.nodes, s.node, s.ranks_here, s.rank_here)")
+    out = subprocess.run([sys.executable, "-c", code, str(img)], capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=120)
+    assert out.stdout.split() == ["4", "2", "2", "1"], out.stderr

@@ -181,7 +181,7 @@ impl RemoteObject {
                 s.on_start(Arc::new(move || {
                     if let Some(inner) = me.upgrade() {
                         if let Some(s) = &inner.stage {
-                            s.make();
+                            s.make_if_cheaper();
                         }
                     }
                 }));
@@ -670,7 +670,7 @@ fn start_copies(objects: Vec<Arc<Inner>>) {
         .spawn(move || {
             for inner in objects {
                 if let Some(s) = &inner.stage {
-                    s.make();
+                    s.make_if_cheaper();
                 }
             }
         });

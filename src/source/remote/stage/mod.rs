@@ -56,6 +56,11 @@ const WAIT_TAKEN: u64 = 4 * PIECE;
 /// A reader waiting for bytes that do not move for this long checks that their copier
 /// still runs, and fetches its own if not.
 const STALL: Duration = Duration::from_millis(500);
+/// Nodes of a job up to which `Staging::Auto` copies the whole object to every node. On
+/// demand, a job reads 1.2-1.3x the object an epoch from storage (`scripts/bench --nodes`,
+/// every node its 1/N of the files); a copy on each of N nodes reads N x once. At 16 a
+/// job of 13 epochs or more reads less with copies.
+const AUTO_NODES: u32 = 16;
 /// Copying threads of this process, for all its copies.
 const WORKERS: usize = board::COPIERS;
 
@@ -181,6 +186,27 @@ impl Wanted {
     pub fn seen(&self) {
         self.refresh();
         hub::seen(&self.object.identity());
+    }
+
+    /// `Staging::Auto`'s copy, once the node's reads show an epoch: made where copying
+    /// the whole object to every node costs the storage no more than reading on demand
+    /// would, else not, with a line saying so (once a process).
+    pub fn make_if_cheaper(&self) {
+        match crate::topology::from_env() {
+            Some(t) if t.nodes > AUTO_NODES => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "{}: not copied to this node: the job has {} nodes (by {}), and a                          copy on each would read {}x the object from storage, more than                          reads on demand over a few epochs; reads fetch what they need.                          To copy it once for the whole job, call archfs.stage.stage(URL)                          in every rank first",
+                        self.object.target.name,
+                        t.nodes,
+                        t.from,
+                        t.nodes
+                    );
+                });
+            }
+            _ => self.make(),
+        }
     }
 
     /// Makes the copy unless some process of the job on the node has.
