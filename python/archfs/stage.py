@@ -11,8 +11,8 @@ Every rank of the job calls it (it is collective)::
 
 Ranks are grouped into nodes by host name. Of N nodes, node k fetches the k-th 1/N of
 the object from storage, and sends each of its pieces, as it arrives, to the other nodes
-with the job's own engine (MPI point-to-point, non-blocking), which write the pieces they
-receive straight into their copy (the copy's memory is mapped here: nothing is copied on
+with the job's own engine (MPI, or torch.distributed's gloo; point-to-point,
+non-blocking), which write the pieces they receive straight into their copy (the copy's memory is mapped here: nothing is copied on
 the way). A node that sends nothing for ``timeout`` seconds (it died, or stalled) is left
 out: its pieces are fetched from storage. The copy is the node's (see
 ``archfs.mount``, ``archfs.open_archive``): it lives while any process of the job on the
@@ -22,10 +22,12 @@ node holds it, this call's result included, and goes with the last.
 import mmap
 import socket
 import sys
+import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _native
+from .reader import parse_size
 
 # Pieces of its own a node sends at once, to every other node; and pieces a node
 # receives from each other node at once. Pieces go straight between the copies' mapped
@@ -68,27 +70,29 @@ def stage(
     timeout: float = 60.0,
     no_sign_request: bool = False,
     stage_dir: Optional[str] = None,
-    keep: Optional[int] = None,
+    keep: Union[int, str, None] = None,
     quiet: bool = False,
 ) -> Staged:
     """Makes the node's copy of the object at ``url`` on every node of the job, each node
-    reading its share from storage and the rest from the other nodes over ``comm`` (an
-    mpi4py communicator; ``None``: ``MPI.COMM_WORLD``). Collective: every rank of
+    reading its share from storage and the rest from the other nodes over ``comm``: an
+    mpi4py communicator or a torch.distributed process group (``None``: torch.distributed's
+    default group when it is set up, else ``MPI.COMM_WORLD``). Collective: every rank of
     ``comm`` calls it. Returns when this node's copy is whole.
 
     ``timeout``: seconds a node may go without moving a piece before the others fetch
     its pieces from storage themselves. ``stage_dir``/``keep`` as ``archfs mount``'s
-    ``--stage-dir``/``--keep``. ``quiet``: no summary line on stderr (rank 0's)."""
+    ``--stage-dir``/``--keep`` (copies kept on a node-local disk for later jobs and
+    mounts: ``python -m archfs stage`` makes them from a job script). ``quiet``: no summary line on stderr (rank 0's)."""
     start = time.monotonic()
     fetched = _native.fetched()[1]
-    net = _Mpi(comm)
+    net = _engine(comm)
     hosts = net.allgather(socket.gethostname())
     order = list(dict.fromkeys(hosts))
     nodes, node = len(order), order.index(hosts[net.rank])
     leader = hosts.index(hosts[net.rank]) == net.rank
     leaders = net.split(leader, node)
     options: Dict[str, Any] = dict(
-        no_sign_request=no_sign_request, stage_dir=stage_dir, keep=keep
+        no_sign_request=no_sign_request, stage_dir=stage_dir, keep=parse_size(keep)
     )
     copy, error = None, None
     try:
@@ -130,7 +134,7 @@ def _ranges(pieces: int, nodes: int) -> List[Tuple[int, int]]:
     return [(j * pieces // nodes, (j + 1) * pieces // nodes) for j in range(nodes)]
 
 
-def _exchange(staged: Staged, net: "_Mpi", timeout: float) -> None:
+def _exchange(staged: Staged, net: Any, timeout: float) -> None:
     """The leaders' part: fetch this node's share, send it, receive the others'."""
     copy, k = staged.copy, net.rank
     n = net.size
@@ -289,7 +293,7 @@ def _exchange(staged: Staged, net: "_Mpi", timeout: float) -> None:
             pass  # a cancelled request may still hold it: the mapping goes at exit
 
 
-def _let_go(net: "_Mpi", requests: List[Any]) -> None:
+def _let_go(net: Any, requests: List[Any]) -> None:
     """Completes cancelled requests, for a second at most; frees those still held."""
     until = time.monotonic() + 1.0
     for req in requests:
@@ -297,9 +301,99 @@ def _let_go(net: "_Mpi", requests: List[Any]) -> None:
             while not net.done(req) and time.monotonic() < until:
                 time.sleep(0.001)
             if not net.done(req):
-                req.Free()
+                net.free(req)
         except net.errors:
             pass
+
+
+def _engine(comm: Any) -> Any:
+    """The job's engine: torch.distributed's group when ``comm`` is one, or none is given
+    and torch.distributed is set up; else MPI."""
+    torch_dist = sys.modules.get("torch.distributed")
+    if comm is None and torch_dist is not None and torch_dist.is_initialized():
+        return _Torch(None)
+    if comm is not None and type(comm).__module__.startswith("torch"):
+        return _Torch(comm)
+    return _Mpi(comm)
+
+
+class _Torch:
+    """The same over torch.distributed: a gloo group of the job's ranks (or of ``group``'s)
+    of its own, so its messages never meet the job's and NCCL jobs work too (pieces are
+    in host memory). Pieces go as uint8 tensors over the mapped copy itself."""
+
+    def __init__(self, group: Any, ranks: Optional[List[int]] = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.errors = (RuntimeError,)
+        if ranks is None:
+            ranks = (
+                list(range(dist.get_world_size()))
+                if group is None
+                else dist.get_process_group_ranks(group)
+            )
+        self.ranks = ranks
+        self.group = dist.new_group(ranks=ranks, backend="gloo")
+        me = dist.get_rank()
+        self.rank = ranks.index(me) if me in ranks else -1
+        self.size = len(ranks)
+
+    def allgather(self, value: Any) -> List[Any]:
+        out: List[Any] = [None] * self.size
+        self.dist.all_gather_object(out, value, group=self.group)
+        return out
+
+    def split(self, member: bool, key: int) -> "_Torch":
+        flags = self.allgather((member, key, self.ranks[self.rank]))
+        ranks = [r for m, _, r in sorted(flags, key=lambda f: (f[1], f[2])) if m]
+        # new_group is collective over the whole job: every rank makes it.
+        return _Torch(None, ranks)
+
+    def _tensor(self, buf: Any) -> Any:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a read-only view: sent, never written
+            return self.torch.frombuffer(buf, dtype=self.torch.uint8)
+
+    def isend(self, buf: Any, dest: int) -> Any:
+        return _Waited(self.dist.isend(self._tensor(buf), self.ranks[dest], group=self.group))
+
+    def irecv(self, buf: Any, source: int) -> Any:
+        return _Waited(self.dist.irecv(self._tensor(buf), self.ranks[source], group=self.group))
+
+    def done(self, req: Any) -> bool:
+        return req.done()
+
+    def cancel(self, req: Any) -> None:
+        pass  # gloo has no cancel: a late piece brings the same bytes
+
+    def free(self, req: Any) -> None:
+        pass
+
+
+class _Waited:
+    """A gloo send or receive, waited for on a thread of its own: gloo marks its point to
+    point requests complete only in ``wait``, never for ``is_completed``."""
+
+    def __init__(self, work: Any) -> None:
+        self.error: Optional[BaseException] = None
+        self.finished = threading.Event()
+        threading.Thread(target=self._wait, args=(work,), daemon=True).start()
+
+    def _wait(self, work: Any) -> None:
+        try:
+            work.wait()
+        except RuntimeError as e:
+            self.error = e
+        self.finished.set()
+
+    def done(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.finished.is_set()
 
 
 class _Mpi:
@@ -311,8 +405,9 @@ class _Mpi:
             from mpi4py import MPI
         except ImportError as e:
             raise StageError(
-                "archfs.stage needs mpi4py: pip install mpi4py (it uses the MPI of the "
-                "job's launcher: run the job with mpirun or srun)"
+                "archfs.stage needs mpi4py (pip install archfs[mpi]; it loads the MPI the "
+                "job runs with, under mpirun or srun), or torch.distributed set up first "
+                "(torchrun; init_process_group)"
             ) from e
         self.MPI = MPI
         self.errors = (MPI.Exception,)
@@ -346,3 +441,30 @@ class _Mpi:
             req.Cancel()
         except self.errors:
             pass
+
+    def free(self, req: Any) -> None:
+        req.Free()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m archfs stage URL [...]``, in every rank of a job step (``srun
+    --ntasks-per-node=1``, ``mpirun``): copies the object to a node-local disk on every
+    node, each byte read from storage once, kept there for the job's mounts and readers
+    (``archfs mount URL --stage-dir DIR --keep SIZE``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m archfs stage", description=main.__doc__)
+    ap.add_argument("url", help="s3://BUCKET/KEY or https://...")
+    ap.add_argument("--stage-dir", required=True, help="a node-local directory")
+    ap.add_argument("--keep", required=True, help="bytes the kept copies may take, e.g. 200G")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds a node may move nothing before it is left out")
+    ap.add_argument("--no-sign-request", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        stage(args.url, timeout=args.timeout, no_sign_request=args.no_sign_request,
+              stage_dir=args.stage_dir, keep=args.keep)
+    except StageError as e:
+        print(f"archfs: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -170,8 +170,9 @@ impl RemoteObject {
             options.keep,
             options.progress,
         );
-        if options.stage == Staging::Always {
-            if let Some(s) = &stage {
+        // At once when asked, or when a copy an earlier job kept is there whole.
+        if let Some(s) = &stage {
+            if options.stage == Staging::Always || s.kept() {
                 s.make();
             }
         }

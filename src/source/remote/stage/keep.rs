@@ -15,6 +15,19 @@ use super::board::Board;
 
 const PREFIX: &str = "archfs-copy-";
 
+/// Whether `dir` holds a sealed copy of the object tagged `tag` (`size` bytes): a later
+/// job then reads it from its first read, not after an epoch's worth from storage.
+pub fn sealed(dir: &Path, tag: u64, size: u64) -> bool {
+    let path = dir.join(format!("{PREFIX}{tag:016x}"));
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .ok()
+        .and_then(|f| Board::open(f, size).ok())
+        .is_some_and(|b| b.tag() == tag && b.sealed())
+}
+
 /// The kept copy of the object tagged `tag` (`size` bytes in `pieces`) in `dir`: the one
 /// an earlier job left when it is this object's and sealed or still being made, else a
 /// new one. `None` with the reason when none can be kept (then the copy is placed as

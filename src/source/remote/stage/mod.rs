@@ -176,6 +176,14 @@ impl Wanted {
         })
     }
 
+    /// Whether a sealed copy of the object is kept in `--stage-dir` (`--keep`).
+    pub fn kept(&self) -> bool {
+        match (&self.dir, self.keep) {
+            (Some(dir), Some(_)) => keep::sealed(dir, self.object.tag(), self.object.size),
+            _ => false,
+        }
+    }
+
     /// Makes the copy with `starter` when the hub says the node's reads show an epoch.
     pub fn on_start(&self, starter: hub::Starter) {
         let _ = self.starter.0.set(starter.clone());
