@@ -119,6 +119,11 @@ impl NodeCopy {
         })
     }
 
+    /// Has this process fetch the copy's free pieces from storage.
+    fn fetch_free(&self) {
+        self.inner.fetch_free();
+    }
+
     /// "copied", "failed" or "pending": piece `p` after waiting up to `timeout` s.
     #[pyo3(signature = (p, timeout=0.0))]
     fn wait(&self, py: Python<'_>, p: u64, timeout: f64) -> &'static str {

@@ -82,7 +82,8 @@ def stage(
     ``timeout``: seconds a node may go without moving a piece before the others fetch
     its pieces from storage themselves. ``stage_dir``/``keep`` as ``archfs mount``'s
     ``--stage-dir``/``--keep`` (copies kept on a node-local disk for later jobs and
-    mounts: ``python -m archfs stage`` makes them from a job script). ``quiet``: no summary line on stderr (rank 0's)."""
+    mounts: ``python -m archfs stage`` makes them from a job script). ``quiet``: no
+    summary line on stderr (rank 0's)."""
     start = time.monotonic()
     fetched = _native.fetched()[1]
     net = _engine(comm)
@@ -106,9 +107,16 @@ def stage(
     staged = Staged(copy, nodes, node)
     if leader:
         _exchange(staged, leaders, timeout)
-    state = copy.wait_whole(0)
+    # The node's copy whole. Should nothing move for `timeout` (its leader stopped), this
+    # process fetches what no process has taken.
+    state, left, moved = copy.wait_whole(0), copy.left, time.monotonic()
     while state == "pending":
         state = copy.wait_whole(1.0)
+        if copy.left != left:
+            left, moved = copy.left, time.monotonic()
+        elif time.monotonic() - moved > timeout:
+            copy.fetch_free()
+            moved = time.monotonic()
     staged.seconds = time.monotonic() - start
     staged.from_storage = _native.fetched()[1] - fetched
     # No collective past the exchange: a node may have died in it.

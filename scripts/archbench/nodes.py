@@ -72,7 +72,8 @@ def helper_node(argv):
     res = in_workers(WORKERS, order[rank::n], archive.read)
     res.update(node=rank, copy_s=copied, epoch_s=time.perf_counter() - t0 - copied,
                received=held.received if held else 0)
-    print("result " + json.dumps(res), flush=True)
+    # One write: mpirun may interleave the pieces of a print with another rank's line.
+    os.write(1, ("result " + json.dumps(res) + "\n").encode())
 
 
 class NodesBench:
