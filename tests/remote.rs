@@ -1039,3 +1039,66 @@ fn a_kept_copy_serves_the_next_job_and_the_oldest_goes_first() {
     let now = copies();
     assert!(now.len() == 1 && now != a_copy, "{a_copy:?} then {now:?}");
 }
+
+/// The node's side of a stage-in the job's nodes share (what archfs.stage drives): the
+/// pieces of other nodes are held, not fetched from storage, until they land or are
+/// given back; given back, they are fetched like any other. The copy equals the object.
+#[test]
+fn a_shared_stage_in_holds_the_other_nodes_pieces_until_they_land() {
+    use archfs::source::{CopyStatus, NodeCopy, RemoteObject, RemoteOptions};
+    use std::time::Duration;
+
+    let dir = TempDir::new("remote-share");
+    let obj = dir.join("obj.bin");
+    // 5 pieces of 4 MiB, the last short.
+    let bytes: Vec<u8> = (0..18u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&obj, &bytes).unwrap();
+    let s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "obj.bin", &obj);
+    // This test's process reads with the server's variables (nextest: a process a test).
+    for (k, v) in s3.env() {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("SLURM_JOB_ID", format!("share-{}", std::process::id()));
+    let object = RemoteObject::open(Path::new("s3://data/obj.bin"), &RemoteOptions::default())
+        .unwrap()
+        .unwrap();
+    let copy = NodeCopy::new(object, true, Duration::from_secs(30)).unwrap();
+    assert_eq!((copy.size(), copy.pieces()), (18 << 20, 5));
+    // This node fetches pieces 0 and 1; 2, 3 and 4 are the other nodes'.
+    assert_eq!(copy.share(0..2), 3);
+    for p in 0..2 {
+        assert_eq!(
+            copy.wait(p, Duration::from_secs(60)),
+            CopyStatus::Copied,
+            "piece {p}"
+        );
+    }
+    assert_eq!(copy.wait_whole(Duration::from_secs(2)), CopyStatus::Pending);
+    assert_eq!(
+        copy.status(2),
+        CopyStatus::Pending,
+        "a held piece was fetched"
+    );
+    // Piece 2 arrives from another node.
+    assert!(copy.receive(2));
+    assert!(!copy.receive(2), "a piece received twice");
+    let (at, len) = copy.span(2);
+    copy.file()
+        .write_all_at(&bytes[at as usize..(at + len) as usize], at)
+        .unwrap();
+    copy.landed(2);
+    assert_eq!(copy.status(2), CopyStatus::Copied);
+    assert_eq!(copy.left(), 2);
+    // Its node died: pieces 3 and 4 are given back and fetched here.
+    assert!(copy.release(3) && copy.release(4));
+    assert!(!copy.release(0), "a copied piece given back");
+    copy.fetch_free();
+    assert_eq!(copy.wait_whole(Duration::from_secs(60)), CopyStatus::Copied);
+    let mut got = vec![0u8; bytes.len()];
+    copy.file().read_exact_at(&mut got, 0).unwrap();
+    assert!(got == bytes, "the copy differs from the object");
+}
