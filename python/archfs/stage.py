@@ -164,8 +164,11 @@ def _exchange(staged: Staged, net: Any, timeout: float) -> None:
     view = memoryview(data)
     ps = copy.piece_size
 
+    def length(p: int) -> int:
+        return min((p + 1) * ps, copy.size) - p * ps
+
     def span(p: int) -> memoryview:
-        return view[p * ps : min((p + 1) * ps, copy.size)]
+        return view[p * ps : p * ps + length(p)]
 
     send_to = [j for j in range(n) if j != k and not shape[j][1]]
     receive_from = [] if whole_here else [j for j in range(n) if j != k]
@@ -231,7 +234,7 @@ def _exchange(staged: Staged, net: Any, timeout: float) -> None:
                     try:
                         if net.done(req):
                             moved[j] = time.monotonic()
-                            staged.sent += len(span(p))
+                            staged.sent += length(p)
                             continue
                     except net.errors as e:
                         give_up(j, f"failed ({e})")
@@ -251,7 +254,7 @@ def _exchange(staged: Staged, net: Any, timeout: float) -> None:
                     q = next_receive[j]
                     into = copy.receive(q)
                     # A piece the node has (or another process brings): received and dropped.
-                    buf = span(q) if into else bytearray(len(span(q)))
+                    buf = span(q) if into else bytearray(length(q))
                     try:
                         pending.append((q, net.irecv(buf, j), into, buf))
                     except net.errors as e:
@@ -271,7 +274,7 @@ def _exchange(staged: Staged, net: Any, timeout: float) -> None:
                     pending.pop(0)
                     if into:
                         copy.landed(q)
-                    staged.received += len(span(q))
+                    staged.received += length(q)
                     moved[j] = time.monotonic()
                     busy = True
             now = time.monotonic()

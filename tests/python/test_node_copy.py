@@ -705,6 +705,7 @@ def test_a_job_of_many_nodes_reads_on_demand_and_says_why(job, tmp_path, monkeyp
         reader.wait(timeout=DEADLINE)
     err = reader.stderr.read()
     assert err.count("not copied to this node: the job has 64 nodes") == 1, err
+    assert "and a copy on each would read 64x the object from storage" in err, err
     assert "archfs.stage.stage(URL)" in err, err
     print(f"64 nodes, on demand: server sent {proxy.sent / size:.2f}x the object")
     assert proxy.sent < 2 * size

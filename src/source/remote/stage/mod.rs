@@ -205,7 +205,11 @@ impl Wanted {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| {
                     tracing::warn!(
-                        "{}: not copied to this node: the job has {} nodes (by {}), and a                          copy on each would read {}x the object from storage, more than                          reads on demand over a few epochs; reads fetch what they need.                          To copy it once for the whole job, call archfs.stage.stage(URL)                          in every rank first",
+                        "{}: not copied to this node: the job has {} nodes (by {}), and a \
+                         copy on each would read {}x the object from storage, more than \
+                         reads on demand over a few epochs; reads fetch what they need. \
+                         To copy it once for the whole job, call archfs.stage.stage(URL) \
+                         in every rank first",
                         self.object.target.name,
                         t.nodes,
                         t.from,

@@ -112,13 +112,14 @@ impl NodeCopy {
             }
         }
         board.next().fetch_max(mine.start, Ordering::AcqRel);
-        let (from, to) = (self.span(mine.start.min(pieces)).0, mine.end * PIECE);
+        let size = self.size();
+        let here = (mine.end * PIECE).min(size) - (mine.start * PIECE).min(size);
         tracing::info!(
             "{}: this node copies {:.1} GB of it from storage, the job's other nodes the \
              other {:.1} GB",
             self.stage.object.target.name,
-            (to.min(self.size()) - from) as f64 / 1e9,
-            (self.size() - (to.min(self.size()) - from)) as f64 / 1e9
+            here as f64 / 1e9,
+            (size - here) as f64 / 1e9
         );
         self.fetch_free();
         held
