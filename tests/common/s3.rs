@@ -181,6 +181,13 @@ impl Ports {
     }
 }
 
+/// Whether weed's log says a port was taken before it bound it: mini checks its ports at
+/// start ("not available"), but a component that binds later fails on its own ("address
+/// already in use", seen for the gateway's port on a busy CI machine).
+fn port_taken(log: &str) -> bool {
+    log.contains("not available") || log.contains("address already in use")
+}
+
 /// Who signs a request sent with [`S3Server::send`].
 #[derive(Clone, Copy, Debug)]
 pub enum Signer<'a> {
@@ -252,7 +259,7 @@ impl S3Server {
             std::fs::create_dir(server.data()).unwrap();
             match server.launch() {
                 Ok(()) => return server,
-                Err(e) if attempt < 3 && server.log_since_launch().contains("not available") => {
+                Err(e) if attempt < 3 && port_taken(&server.log_since_launch()) => {
                     // Another test's server took a port first: new ports, fresh data.
                     eprintln!("s3 server: a port was taken ({e}); trying other ports");
                     std::fs::remove_dir_all(server.data()).unwrap();
@@ -479,6 +486,12 @@ impl S3Server {
             // after each restart; without it, it learns all from the volume server's
             // heartbeat, which `launch` waits for.
             "-master.resumeState=false".to_owned(),
+            // mini sizes its volumes and their count from the disk's free space, and each
+            // bucket takes a volume of its own: on a CI machine with little disk left the
+            // fourth bucket's PUTs failed with 500 InternalError. Fixed here, they do not
+            // depend on the machine (volumes grow as written; nothing is preallocated).
+            "-master.volumeSizeLimitMB=64".to_owned(),
+            "-volume.max=100".to_owned(),
             format!("-master.port={}", p.master),
             format!("-master.port.grpc={}", p.master_grpc),
             format!("-volume.port={}", p.volume),

@@ -64,6 +64,8 @@ class S3:
         self.ports = list(p.values())
         args = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-master.telemetry=false", "-master.resumeState=false",
+                # Volumes not sized from the disk's free space (tests/common/s3.rs says why).
+                "-master.volumeSizeLimitMB=64", "-volume.max=100",
                 "-volume.preStopSeconds=0", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-admin.ui=false", "-webdav=false", f"-s3.config={root / 's3.json'}",
                 f"-filer.localSocket={root / 'filer.sock'}",
@@ -87,7 +89,7 @@ class S3:
 
         def serving():
             if self.proc.poll() is not None:
-                if "not available" in self.tail():
+                if "not available" in self.tail() or "address already in use" in self.tail():
                     raise PortTaken(self.tail())
                 pytest.fail(f"weed exited: {self.tail()}")
             if STARTED not in self.log.read_text(errors="replace"):
