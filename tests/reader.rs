@@ -532,3 +532,91 @@ fn paths_follow_links_inside_the_archive_and_list_files_in_imagefolder_order() {
         );
     }
 }
+
+/// What a node's copy of a share of the files holds ([`Archive::stored`] of each, and the
+/// tables) is all a reader of those files needs: an image with only those bytes (zeros
+/// elsewhere) reads each back exactly, and files outside the share do not. A tar
+/// member's stored bytes are its data; a compressed tar's members are not in its bytes.
+#[test]
+fn a_share_of_the_files_reads_back_from_its_stored_ranges_alone() {
+    let dir = TempDir::new("reader-stored");
+    let src = source_tree(&dir);
+    let mut files: Vec<_> = files_under(&src)
+        .into_iter()
+        .filter(|p| std::fs::symlink_metadata(p).unwrap().is_file())
+        .collect();
+    // A share is a run of the archive (archfs.partition's are): files sorted by path.
+    files.sort();
+    let ino = |a: &dyn Archive, p: &Path| {
+        archive::resolve(a, p.strip_prefix(&src).unwrap())
+            .unwrap()
+            .ino
+    };
+    let read = |a: &dyn Archive, ino: u64| {
+        let mut buf = vec![0u8; a.attr(ino).unwrap().size as usize];
+        a.read_into(ino, 0, &mut buf).map(|_| buf)
+    };
+    for args in [
+        &[][..],
+        &["-comp", "zstd", "-b", "4K"][..],
+        &["-noF", "-noD"][..],
+    ] {
+        let img = dir.join("whole.sqfs");
+        mksquashfs(&src, &img, args);
+        let a = open_with_cache(&img, 1 << 20);
+        let (share, others): (Vec<_>, Vec<_>) = files
+            .iter()
+            .enumerate()
+            .partition(|(i, _)| *i < files.len() / 2);
+        let mut ranges = a.tables();
+        for (_, p) in &share {
+            ranges.extend(a.stored(ino(&*a, p)).unwrap());
+        }
+        let whole = std::fs::read(&img).unwrap();
+        let mut part = vec![0u8; whole.len()];
+        let mut held = 0;
+        for r in archfs::source::merged(ranges) {
+            let r = r.start as usize..r.end as usize;
+            part[r.clone()].copy_from_slice(&whole[r.clone()]);
+            held += r.len();
+        }
+        assert!(
+            held < whole.len() * 9 / 10,
+            "{args:?}: {held} of {} bytes",
+            whole.len()
+        );
+        let part_img = dir.join("part.sqfs");
+        std::fs::write(&part_img, &part).unwrap();
+        let b = open_with_cache(&part_img, 1 << 20);
+        for (_, p) in &share {
+            let got = read(&*b, ino(&*b, p)).unwrap_or_else(|e| panic!("{args:?} {p:?}: {e}"));
+            assert!(got == std::fs::read(p).unwrap(), "{args:?}: {p:?} differs");
+        }
+        let missing = others
+            .iter()
+            .filter(|(_, p)| std::fs::read(p).unwrap().iter().any(|&x| x != 0))
+            .filter(|(_, p)| read(&*b, ino(&*b, p)).ok() != Some(std::fs::read(p).unwrap()))
+            .count();
+        assert!(
+            missing > 0,
+            "{args:?}: every file outside the share read back too"
+        );
+    }
+    let tar = dir.join("t.tar");
+    tar_of(&src, ".", &tar);
+    let whole = std::fs::read(&tar).unwrap();
+    let a = open_with_cache(&tar, 1 << 20);
+    for p in &files {
+        let mut got = Vec::new();
+        for r in a.stored(ino(&*a, p)).unwrap() {
+            got.extend_from_slice(&whole[r.start as usize..r.end as usize]);
+        }
+        assert!(
+            got == std::fs::read(p).unwrap(),
+            "tar: {p:?} is not its stored bytes"
+        );
+    }
+    run_ok(Command::new("gzip").arg("-k").arg(&tar));
+    let a = open_with_cache(&dir.join("t.tar.gz"), 1 << 20);
+    assert_eq!(a.stored(ino(&*a, &files[0])), None);
+}

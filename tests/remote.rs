@@ -415,8 +415,7 @@ fn a_prefix_is_the_union_of_the_archives_directly_under_it() {
                 std::fs::create_dir_all(into).unwrap();
             }
             let data = bytes(3000 + shard * 1000 + i * 77);
-            std::fs::write(root.join(&name), &data).unwrap();
-            std::fs::write(all.join(&name), &data).unwrap();
+            write_twice(&root, &all, &name, &data);
         }
         let tar = dir.join(format!("shard-{shard}.tar"));
         tar_of(&root, ".", &tar);
@@ -891,6 +890,19 @@ fn a_server_without_ranges_is_refused_with_one_line() {
 /// The shards of a union are copied to the node together once the mount's reads show an
 /// epoch (128 files of any of them), not each after 128 reads of its own: here no shard
 /// has that many files.
+/// `data` as `name` in a shard's tree and in the tree of all shards, with one time: written
+/// a moment apart, one run in 16 crossed a second.
+fn write_twice(shard: &Path, all: &Path, name: &str, data: &[u8]) {
+    std::fs::write(shard.join(name), data).unwrap();
+    let when = std::fs::metadata(shard.join(name))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let copy = std::fs::File::create(all.join(name)).unwrap();
+    std::io::Write::write_all(&mut &copy, data).unwrap();
+    copy.set_modified(when).unwrap();
+}
+
 #[test]
 fn a_unions_shards_are_copied_together_once_reads_show_an_epoch() {
     let dir = TempDir::new("remote-epoch");
@@ -905,8 +917,7 @@ fn a_unions_shards_are_copied_together_once_reads_show_an_epoch() {
         for i in 0..60 {
             let name = format!("{:06}.jpg", shard * 60 + i);
             let data = bytes(20_000 + i * 101);
-            std::fs::write(root.join(&name), &data).unwrap();
-            std::fs::write(all.join(&name), &data).unwrap();
+            write_twice(&root, &all, &name, &data);
         }
         let tar = dir.join(format!("shard-{shard}.tar"));
         tar_of(&root, ".", &tar);

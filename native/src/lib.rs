@@ -300,6 +300,40 @@ impl Archive {
             .collect())
     }
 
+    /// Where the files at `paths` lie in the archive as stored, with the archive's
+    /// tables: sorted and merged `(start, end)` byte ranges, what a node's copy of a
+    /// share of the files holds (`archfs.stage.stage_files`). ValueError when a file's
+    /// bytes do not lie in the archive's own (a compressed tar, a union).
+    fn stored<'py>(&self, py: Python<'py>, paths: Vec<Name>) -> PyResult<Vec<(u64, u64)>> {
+        let a = self.archive();
+        let found = py.detach(|| {
+            let mut out = a.tables();
+            for p in &paths {
+                let attr = walk(a, &p.0, true).map_err(|e| (e, p))?;
+                match a.stored(attr.ino) {
+                    Some(r) => out.extend(r),
+                    None => {
+                        return Err((
+                            Error::Unsupported(format!(
+                                "its files do not lie whole in its own bytes ({}): stage the \
+                                 whole archive (archfs.stage.stage) or read on demand",
+                                a.format()
+                            )),
+                            p,
+                        ))
+                    }
+                }
+            }
+            Ok(archfs::source::merged(out))
+        });
+        found
+            .map(|r| r.into_iter().map(|r| (r.start, r.end)).collect())
+            .map_err(|(e, p)| match e {
+                Error::Unsupported(why) => PyValueError::new_err(why),
+                e => to_py(e, &p.0),
+            })
+    }
+
     /// The files under directory `root` as `root/.../name` paths, in the order an
     /// ImageFolder index takes them (see `archfs::archive::path::files_under`), only
     /// those ending in one of `suffixes` (lowercase) when given.

@@ -28,9 +28,13 @@ fn status(s: CopyStatus) -> &'static str {
 #[pymethods]
 impl NodeCopy {
     /// With `make`, places the copy (pieces all free) unless the node has one; else
-    /// waits up to `wait` seconds for another process of the job on the node to.
+    /// waits up to `wait` seconds for another process of the job on the node to. With
+    /// `ranges` (`(start, end)` of the object), the node's copy of a share of its files:
+    /// those bytes only, in a row (`archfs.stage.stage_files`), made here unless the
+    /// node has one.
     #[new]
-    #[pyo3(signature = (url, make, wait=60.0, no_sign_request=false, stage_dir=None, keep=None))]
+    #[pyo3(signature = (url, make, wait=60.0, no_sign_request=false, stage_dir=None, keep=None, ranges=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         url: PathBuf,
@@ -39,6 +43,7 @@ impl NodeCopy {
         no_sign_request: bool,
         stage_dir: Option<PathBuf>,
         keep: Option<u64>,
+        ranges: Option<Vec<(u64, u64)>>,
     ) -> PyResult<Self> {
         let options = RemoteOptions {
             no_sign_request,
@@ -56,7 +61,13 @@ impl NodeCopy {
                     url.display()
                 ))
             })??;
-            Held::new(object, make, Duration::from_secs_f64(wait.max(0.0)))
+            let wait = Duration::from_secs_f64(wait.max(0.0));
+            match ranges {
+                Some(r) => {
+                    Held::of_ranges(object, r.into_iter().map(|(a, b)| a..b).collect(), wait)
+                }
+                None => Held::new(object, make, wait),
+            }
         });
         let inner = opened.map_err(|e| crate::open_error(e, &name))?;
         Ok(NodeCopy { inner })

@@ -107,24 +107,8 @@ def stage(
     staged = Staged(copy, nodes, node)
     if leader:
         _exchange(staged, leaders, timeout)
-    # The node's copy whole. Should nothing move for `timeout` (its leader stopped), this
-    # process fetches what no process has taken.
-    state, left, moved = copy.wait_whole(0), copy.left, time.monotonic()
-    while state == "pending":
-        state = copy.wait_whole(1.0)
-        if copy.left != left:
-            left, moved = copy.left, time.monotonic()
-        elif time.monotonic() - moved > timeout:
-            copy.fetch_free()
-            moved = time.monotonic()
-    staged.seconds = time.monotonic() - start
-    staged.from_storage = _native.fetched()[1] - fetched
     # No collective past the exchange: a node may have died in it.
-    if state != "copied":
-        raise StageError(
-            f"archfs.stage({url}): the copy on {hosts[net.rank]} failed (the warning "
-            "above says why); reads there fetch from storage"
-        )
+    _finish(staged, f"archfs.stage({url})", timeout, start, fetched)
     if net.rank == 0 and not quiet:
         print(
             f"archfs: {url}: {copy.size / 1e9:.2f} GB on this node in {staged.seconds:.1f} s: "
@@ -135,6 +119,79 @@ def stage(
             flush=True,
         )
     return staged
+
+
+def stage_files(
+    url: str,
+    paths: Sequence[str],
+    *,
+    timeout: float = 60.0,
+    no_sign_request: bool = False,
+    stage_dir: Optional[str] = None,
+    quiet: bool = False,
+) -> Staged:
+    """For a dataset larger than a node, each node on a fixed share of its files
+    (``archfs.torch.NodeSampler``, whose ``stage`` calls this): copies the bytes the files
+    at ``paths`` lie in, and the archive's tables, from the object at ``url`` into the
+    node's memory (``stage_dir`` where they do not fit). Those bytes only, each fetched
+    from storage once for the node: over the job, each byte of the dataset once. Reads
+    of these files by any process of the job on the node (``archfs.open_archive``,
+    ``archfs.torch``, ``archfs.mount``) are then served from the copy; other files are
+    read on demand. Every rank of the node may call it with the same share: the first
+    places the copy, all fetch its pieces, and each returns when it is whole.
+
+    A SquashFS image or a plain tar (a compressed tar's members do not lie in its own
+    bytes: stage it whole with ``stage``). ``timeout``: seconds the copy may go without
+    a piece arriving before this process fetches what no process has taken."""
+    from .reader import Archive
+
+    start = time.monotonic()
+    fetched = _native.fetched()[1]
+    archive = Archive(url, no_sign_request=no_sign_request, preload="never")
+    try:
+        ranges = archive._handle().stored(list(paths))
+        copy = _native.NodeCopy(
+            url, make=True, wait=timeout, no_sign_request=no_sign_request,
+            stage_dir=stage_dir, ranges=ranges,
+        )
+    except (OSError, ValueError) as e:
+        raise StageError(f"archfs.stage_files({url}): {e}") from None
+    staged = Staged(copy, 1, 0)
+    copy.fetch_free()
+    _finish(staged, f"archfs.stage_files({url})", timeout, start, fetched)
+    shape = _native.topology()
+    if not quiet and (shape is None or not shape[3]):
+        print(
+            f"archfs: {url}: this node's share, {len(paths)} files in {copy.size / 1e9:.2f} "
+            f"GB, on this node in {staged.seconds:.1f} s ({staged.from_storage / 1e9:.2f} GB "
+            "fetched by this process)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return staged
+
+
+def _finish(staged: Staged, what: str, timeout: float, start: float, fetched: int) -> None:
+    """Waits for the node's copy to be whole, and notes the time and the bytes this
+    process fetched since ``start``. Whenever nothing arrives for ``timeout`` seconds (the
+    process moving the pieces stopped), this process fetches what no process has
+    taken. Raises StageError when the copy failed."""
+    copy = staged.copy
+    state, left, moved = copy.wait_whole(0), copy.left, time.monotonic()
+    while state == "pending":
+        state = copy.wait_whole(1.0)
+        if copy.left != left:
+            left, moved = copy.left, time.monotonic()
+        elif time.monotonic() - moved > timeout:
+            copy.fetch_free()
+            moved = time.monotonic()
+    staged.seconds = time.monotonic() - start
+    staged.from_storage = _native.fetched()[1] - fetched
+    if state != "copied":
+        raise StageError(
+            f"{what}: the copy on {socket.gethostname()} failed (the warning above says "
+            "why); reads there fetch from storage"
+        )
 
 
 def _ranges(pieces: int, nodes: int) -> List[Tuple[int, int]]:

@@ -221,6 +221,7 @@ class NodeSampler(torch.utils.data.Sampler):
                 "pass nodes=, node=, ranks_here= and rank_here= as the job has them"
             )
         shares = node_shares(list(dataset.targets), nodes)
+        self.dataset = dataset
         self.share = shares[node]
         self.nodes, self.node = nodes, node
         self.ranks_here, self.rank_here = ranks_here, rank_here
@@ -230,6 +231,24 @@ class NodeSampler(torch.utils.data.Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def stage(self, **kwargs: Any) -> Any:
+        """Copies this node's share of the files, their bytes as stored and no others,
+        from storage into the node's memory before the first epoch, so every epoch reads
+        them there and each byte of the dataset leaves storage once for the job
+        (``archfs.stage.stage_files``, which takes ``kwargs``). Every rank calls it; the
+        dataset is an ``archfs.torch`` one over one archive in object storage."""
+        from .stage import stage_files
+
+        archive = getattr(self.dataset, "archive", None)
+        if archive is None or len(archive.paths) != 1:
+            raise ValueError(
+                "NodeSampler.stage copies from one archive in object storage: give it an "
+                "archfs.torch dataset over one s3:// or https:// URL"
+            )
+        kwargs.setdefault("no_sign_request", archive._args[3])
+        paths = [self.dataset.samples[i][0] for i in self.share]
+        return stage_files(archive.paths[0], paths, **kwargs)
 
     def __iter__(self) -> Iterator[int]:
         order = list(self.share)

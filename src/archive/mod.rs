@@ -144,6 +144,25 @@ pub trait Archive: Send + Sync {
     }
     /// The byte ranges of the archive files that serving reads touches, metadata first.
     fn extents(&self) -> Vec<Extent>;
+    /// Where file `ino`'s bytes lie in the archive as stored (compressed blocks, the
+    /// fragment block its tail shares with others): what a node's copy of a share of the
+    /// files holds. `None` where they do not lie in the archive's own bytes (a member of a
+    /// compressed tar or of a nested archive, a sparse member, a union).
+    fn stored(&self, _ino: u64) -> Option<Vec<Range<u64>>> {
+        None
+    }
+    /// Whether file `ino` is read without fetching bytes the node does not hold: false
+    /// for a file outside the node's share of a remote archive's files. The push leaves
+    /// such files to their readers.
+    fn held(&self, _ino: u64) -> bool {
+        true
+    }
+    /// The archive's tables (superblock, directories, inodes, fragments), which every
+    /// read of a path needs: in a node's copy of a share too. Empty: none apart from the
+    /// files.
+    fn tables(&self) -> Vec<Range<u64>> {
+        Vec::new()
+    }
     /// `--preload` of a compressed archive: decode all of it in the background into a
     /// copy reads are then served from.
     fn decode_ahead(&self, _which: Ahead) {}

@@ -17,7 +17,7 @@ pub use buf::Buf;
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
 pub use remote::{
-    is_url, list_prefix, put_sidecar, remote_totals, CopyStatus, NodeCopy, RemoteObject,
+    is_url, list_prefix, merged, put_sidecar, remote_totals, CopyStatus, NodeCopy, RemoteObject,
     RemoteOptions, Staging, SIDECAR,
 };
 
@@ -68,6 +68,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn wanted_first(&self, _at: u64, _len: u64) {}
     /// The format is about to read the whole archive (a tar's index scan).
     fn will_scan(&self) {}
+    /// Whether `[at, at + len)` is read without fetching bytes the node does not hold:
+    /// false only for an object whose node holds a share of its files, not these bytes
+    /// (the push leaves such files to their readers).
+    fn held(&self, _at: u64, _len: u64) -> bool {
+        true
+    }
     /// A descriptor whose byte `p` is byte `p` here, for `[at, at + len)`, where the
     /// kernel can splice from it (a local file, a staged copy); `None` where those bytes
     /// must be read into this process.
@@ -214,6 +220,11 @@ impl Source {
             return 0;
         }
         self.store.place_id()
+    }
+
+    /// [`Storage::held`].
+    pub fn held(&self, at: u64, len: u64) -> bool {
+        self.store.held(at, len)
     }
 
     /// Whether the archive is a file of this machine ([`Storage::is_local`]).

@@ -362,6 +362,26 @@ impl SquashFs {
         Some((fd, pos, n as u32))
     }
 
+    /// Where the file's bytes lie in the image as stored: its blocks (one run) and the
+    /// fragment block that holds its tail with other files' tails.
+    pub(super) fn stored_ranges(&self, inode_ref: u64) -> Result<Vec<std::ops::Range<u64>>> {
+        let layout = self.layout(inode_ref)?;
+        let mut out = Vec::with_capacity(2);
+        if layout.block_count > 0 {
+            let (pos, stored) = layout.block(self, layout.block_count - 1)?;
+            let end = pos + u64::from(stored & SIZE_MASK);
+            if end > layout.origin.start {
+                out.push(layout.origin.start..end);
+            }
+        }
+        let bs = u64::from(self.sb.block_size);
+        if layout.size > layout.block_count * bs && layout.fragment != NO_FRAGMENT {
+            let f = self.tail(&layout)?;
+            out.push(f.start..f.start + u64::from(f.size & SIZE_MASK));
+        }
+        Ok(out)
+    }
+
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {
         let layout = self.layout(inode_ref)?;
         // Bytes stored as they are in a file the kernel caches (a local image, the

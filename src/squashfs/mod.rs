@@ -227,6 +227,25 @@ impl Archive for SquashFs {
         self.read_into(self.to_ref(ino), offset, buf)
     }
 
+    fn stored(&self, ino: u64) -> Option<Vec<std::ops::Range<u64>>> {
+        self.stored_ranges(self.to_ref(ino)).ok()
+    }
+
+    fn held(&self, ino: u64) -> bool {
+        self.source.is_local()
+            || self.stored(ino).is_none_or(|rs| {
+                rs.iter()
+                    .all(|r| self.source.held(r.start, r.end - r.start))
+            })
+    }
+
+    /// The superblock with the compressor's options, and the tables, which follow the
+    /// data in every image mksquashfs writes (as in `extents`).
+    fn tables(&self) -> Vec<std::ops::Range<u64>> {
+        let split = self.sb.inode_table.min(self.sb.bytes_used);
+        vec![0..split.min(4096), split..self.sb.bytes_used]
+    }
+
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         match self.inode(self.to_ref(ino))?.body {
             Body::Symlink(t) => Ok(t),

@@ -479,6 +479,27 @@ impl Archive for TarArchive {
         }
     }
 
+    fn stored(&self, ino: u64) -> Option<Vec<std::ops::Range<u64>>> {
+        let (_, n) = self.node(ino).ok()?;
+        if kind_of(n.kind) != Kind::File || n.flags & SPARSE != 0 {
+            return None;
+        }
+        match self.body_at(n.data).ok()? {
+            (body @ Body::Plain(_), at) if std::ptr::eq(body, &self.body) => {
+                Some((n.size > 0).then(|| at..at + n.size).into_iter().collect())
+            }
+            _ => None,
+        }
+    }
+
+    fn held(&self, ino: u64) -> bool {
+        let source = self.body.source();
+        source.is_local()
+            || self
+                .stored(ino)
+                .is_none_or(|rs| rs.iter().all(|r| source.held(r.start, r.end - r.start)))
+    }
+
     fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         let (_, n) = self.node(ino)?;
         if kind_of(n.kind) != Kind::Symlink {

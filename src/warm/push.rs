@@ -394,6 +394,9 @@ impl Pusher {
         let Ok(size) = self.archive.attr(ino).map(|a| a.size) else {
             return Ok(0);
         };
+        if !self.archive.held(ino) {
+            return Ok(0);
+        }
         let mut at = 0;
         while at < size {
             if let Some((fd, pos, len)) = self.archive.stored_at(ino, at, PIECE) {

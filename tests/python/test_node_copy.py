@@ -709,3 +709,172 @@ def test_a_job_of_many_nodes_reads_on_demand_and_says_why(job, tmp_path, monkeyp
     assert "archfs.stage.stage(URL)" in err, err
     print(f"64 nodes, on demand: server sent {proxy.sent / size:.2f}x the object")
     assert proxy.sent < 2 * size
+
+
+# One node of a job whose dataset is larger than a node: stages its share of the files
+# (archfs.partition's, as NodeSampler draws them), then reads them and checks each; waits
+# on stdin between the steps, so the test reads the server's count at each.
+NODE_SHARE = r"""
+import json, os, sys, zlib
+import archfs, archfs.stage
+from archfs.partition import node_shares
+url, expected, nodes, node = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
+a = archfs.open_archive(url, preload="never")
+names = a.files("", [".jpg"])
+classes = sorted({n.split("/")[0] for n in names})
+mine = [names[i] for i in node_shares([classes.index(n.split("/")[0]) for n in names], nodes)[node]]
+staged = archfs.stage.stage_files(url, mine, quiet=True)
+print(f"staged {staged.copy.size} {len(mine)}", flush=True)
+sys.stdin.readline()
+bad = [n for n in mine if zlib.crc32(a.read(n)) != expected[n]]
+print(f"read {len(mine)} bad {bad[:3]}", flush=True)
+sys.stdin.readline()
+others = [n for n in names if n not in set(mine)][:20]
+bad = [n for n in others if zlib.crc32(a.read(n)) != expected[n]]
+print(f"others bad {bad[:3]}", flush=True)
+json.dump(mine, open(sys.argv[5], "w"))
+sys.stdin.readline()
+"""
+
+
+def squashfs_tables(img):
+    """Bytes of a SquashFS image from its inode table on: the tables every node copies."""
+    sb = img.read_bytes()[:96]
+    used, inodes = int.from_bytes(sb[40:48], "little"), int.from_bytes(sb[64:72], "little")
+    return used - inodes
+
+
+def test_each_node_copies_its_share_of_the_files_and_reads_it_there(job, tmp_path, monkeypatch):
+    """A dataset larger than a node, 2 nodes each on a fixed share: each node copies the
+    bytes its share's files lie in (and the tables), the nodes together about the image
+    once; then every read of the share, in the stager, in a new process and through a
+    mount on the node, is served from the copy; other files are read on demand."""
+    img, expected = make_image(tmp_path, 96 * MiB, seed=31)
+    size, tables = img.stat().st_size, squashfs_tables(img)
+    url = upload(job, img, "shares.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    job_id = os.environ["SLURM_JOB_ID"]
+    archfs_bin = find_archfs()
+    procs, staged = [], 0
+    try:
+        for k in range(2):
+            # Each node a job id of its own: their hubs and copies are apart, as on two
+            # hosts (test_nodes.py runs nodes as UTS namespaces).
+            env = dict(os.environ, SLURM_JOB_ID=f"{job_id}-n{k}", ARCHFS_LOG="info")
+            p = subprocess.Popen(
+                [sys.executable, "-c", NODE_SHARE, url, str(expected), "2", str(k),
+                 str(tmp_path / f"share{k}.json")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=env)
+            procs.append(p)
+            before = proxy.sent
+            line = p.stdout.readline()
+            assert line.startswith("staged "), line + p.stderr.read()
+            copy, files = map(int, line.split()[1:])
+            fetched = proxy.sent - before
+            print(f"node {k}: {files} files, copy {copy / MiB:.1f} MiB, fetched "
+                  f"{fetched / MiB:.1f} MiB of {size / MiB:.1f} MiB")
+            # Its share and the tables, not the image: about half of it.
+            assert copy < 0.6 * size, f"node {k} copied {copy / size:.2f}x the image"
+            assert copy <= fetched <= copy * 1.02 + 4 * MiB, (copy, fetched)
+            staged += fetched
+            before = proxy.sent
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == f"read {files} bad []"
+            assert proxy.sent - before < 64 << 10, f"a read of the share fetched {proxy.sent - before}"
+        ratio = staged / size
+        print(f"2 nodes staged {ratio:.3f}x the image (tables {tables / MiB:.2f} MiB each)")
+        assert ratio <= 1.02 + tables / size, f"the nodes fetched {ratio:.3f}x the image"
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "others bad []"
+        # A new process and a mount on node 0 read its share from the node's copy.
+        mine = json.loads((tmp_path / "share0.json").read_text())
+        env = dict(os.environ, SLURM_JOB_ID=f"{job_id}-n0", ARCHFS_LOG="info")
+        before = proxy.sent
+        subprocess.run(
+            [sys.executable, "-c",
+             "import archfs, json, sys, zlib\n"
+             "a = archfs.open_archive(sys.argv[1])\n"
+             "exp = json.load(open(sys.argv[2]))\n"
+             "bad = [n for n in json.load(open(sys.argv[3])) if zlib.crc32(a.read(n)) != exp[n]]\n"
+             "assert not bad, bad\n",
+             url, str(expected), str(tmp_path / "share0.json")], check=True, env=env)
+        fresh = proxy.sent - before
+        m = tmp_path / "m"
+        m.mkdir()
+        log = tmp_path / "mount.log"
+        subprocess.run([archfs_bin, "mount", url, str(m), "--log", str(log)], check=True, env=env)
+        try:
+            crcs = json.loads(expected.read_text())
+            bad = [n for n in mine if zlib.crc32((m / n).read_bytes()) != crcs[n]]
+            assert not bad, bad
+        finally:
+            subprocess.run([archfs_bin, "unmount", str(m)])
+        mounted = proxy.sent - before - fresh
+        print(f"node 0's share read again: new process {fresh / 1024:.0f} KiB, mount "
+              f"{mounted / 1024:.0f} KiB from the server")
+        # A HEAD and the object's first bytes each; no whole copy made.
+        assert fresh < 1 * MiB and mounted < 1 * MiB, (fresh, mounted)
+        assert ": copying " not in log.read_text().replace("copying this node's share", "")
+    finally:
+        for p in procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            p.wait(timeout=DEADLINE)
+    assert [p.returncode for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+
+
+# A rank of node 1 of 2 with an archfs.torch dataset: NodeSampler.stage copies the node's
+# share; an epoch of the sampler then reads every sample of it, each checked.
+SAMPLER_STAGE = r"""
+import json, sys, zlib
+from archfs.torch import DatasetFolder, NodeSampler
+url, expected = sys.argv[1], json.load(open(sys.argv[2]))
+ds = DatasetFolder(url, loader=lambda f: f.read(), extensions=(".jpg",))
+sampler = NodeSampler(ds, nodes=2, node=1, ranks_here=1, rank_here=0)
+staged = sampler.stage(quiet=True)
+print(f"staged {staged.copy.size} {len(sampler.share)}", flush=True)
+sys.stdin.readline()
+bad = [i for i in sampler if zlib.crc32(ds[i][0]) != expected[ds.samples[i][0]]]
+print(f"epoch {len(sampler.share)} bad {bad[:3]}", flush=True)
+"""
+
+
+def test_a_node_sampler_stages_its_share_and_an_epoch_reads_it_there(job, tmp_path, monkeypatch):
+    """`NodeSampler.stage()` copies the node's share of an archfs.torch dataset (about
+    half the image of 2 nodes); an epoch of the sampler is then served from the copy."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    img, expected = make_image(tmp_path, 48 * MiB, seed=41)
+    size = img.stat().st_size
+    url = upload(job, img, "sampler.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    p = subprocess.Popen([sys.executable, "-c", SAMPLER_STAGE, url, str(expected)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("staged "), line + p.stderr.read()
+        copy, files = map(int, line.split()[1:])
+        staged = proxy.sent
+        print(f"node 1 of 2: {files} samples, copy {copy / MiB:.1f} MiB, fetched "
+              f"{staged / MiB:.1f} MiB of {size / MiB:.1f} MiB")
+        assert 0.4 * size < copy < 0.6 * size, f"copied {copy / size:.2f}x the image"
+        assert staged < copy * 1.02 + 4 * MiB, f"fetched {staged / size:.2f}x the image"
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == f"epoch {files} bad []", p.stderr.read()
+        print(f"the epoch fetched {(proxy.sent - staged) / 1024:.0f} KiB")
+        assert proxy.sent - staged < 64 << 10
+    finally:
+        p.stdin.close()
+        p.wait(timeout=DEADLINE)
+    assert p.returncode == 0, p.stderr.read()

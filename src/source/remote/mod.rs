@@ -27,7 +27,7 @@ use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::per_process::PerProcess;
 pub use http::totals as remote_totals;
-pub use stage::{NodeCopy, Status as CopyStatus};
+pub use stage::{merged, NodeCopy, Status as CopyStatus};
 pub use url::is_url;
 use url::Location;
 
@@ -107,6 +107,9 @@ struct Inner {
     id: u64,
     /// The node's copy, found or made.
     stage: Option<stage::Wanted>,
+    /// The node's copy of its share of the files, when the job made one
+    /// (`archfs.stage.stage_files`): no whole copy is made then.
+    share: Option<stage::Wanted>,
     staging: Staging,
     /// Reads of files so far, up to [`AUTO_AFTER_READS`].
     reads: std::sync::atomic::AtomicU64,
@@ -158,14 +161,17 @@ impl RemoteObject {
             meta.etag.as_deref().unwrap_or("none"),
             target.endpoint
         );
+        let object = stage::Object {
+            client: client.clone(),
+            target: target.clone(),
+            etag: meta.etag.clone(),
+            size: meta.size,
+            mtime: meta.mtime,
+            spans: None,
+        };
+        let share = stage::Wanted::find_share(object.clone(), options.stage_dir.as_deref());
         let stage = stage::Wanted::find(
-            stage::Object {
-                client: client.clone(),
-                target: target.clone(),
-                etag: meta.etag.clone(),
-                size: meta.size,
-                mtime: meta.mtime,
-            },
+            object,
             options.stage_dir.as_deref(),
             options.keep,
             options.progress,
@@ -181,6 +187,9 @@ impl RemoteObject {
                 let me = me.clone();
                 s.on_start(Arc::new(move || {
                     if let Some(inner) = me.upgrade() {
+                        if inner.share().is_some() {
+                            return;
+                        }
                         if let Some(s) = &inner.stage {
                             s.make_if_cheaper();
                         }
@@ -189,6 +198,7 @@ impl RemoteObject {
             }
             Inner {
                 stage,
+                share,
                 staging: options.stage,
                 reads: std::sync::atomic::AtomicU64::new(0),
                 staged: std::sync::atomic::AtomicBool::new(false),
@@ -595,8 +605,10 @@ impl Inner {
     /// Fetches `[at, at + len)` in a few large GETs and keeps its chunks.
     fn fetch_ahead(&self, at: u64, len: u64) {
         // Not once the node has a copy: its reads serve what was wanted (a DataLoader
-        // worker opening a SquashFS image each epoch fetched its tables again, 176 KiB).
-        if self.stage().is_some() {
+        // worker opening a SquashFS image each epoch fetched its tables again, 176 KiB),
+        // nor once it has its share of the files: reads outside it are few, and ahead of
+        // reads through the share it fetched what the share holds.
+        if self.stage().is_some() || self.share().is_some() {
             return;
         }
         let last = (at + len).min(self.size).div_ceil(CHUNK);
@@ -639,6 +651,11 @@ impl Inner {
         Some(stage)
     }
 
+    /// The node's copy of its share of the files, once there is one.
+    fn share(&self) -> Option<&Arc<stage::Stage>> {
+        self.share.as_ref()?.stage()
+    }
+
     /// Counts a read of a file; with `Staging::Auto`, the one that shows an epoch makes
     /// the node's copy (in the background: placing it may take a while).
     fn note_read(self: &Arc<Self>) {
@@ -649,7 +666,7 @@ impl Inner {
         if self.staging != Staging::Auto || self.reads.load(Ordering::Relaxed) >= AUTO_AFTER_READS {
             return;
         }
-        if wanted.stage().is_some() {
+        if wanted.stage().is_some() || self.share().is_some() {
             self.reads.store(AUTO_AFTER_READS, Ordering::Relaxed);
             return;
         }
@@ -733,6 +750,13 @@ impl RemoteObject {
             buf.copy_from_slice(first);
             return Ok(true);
         }
+        if let Some(share) = inner.share() {
+            if let Some(at) = share.holds(pos, buf.len() as u64) {
+                if let stage::Found::Read = share.read(at, buf)? {
+                    return Ok(true);
+                }
+            }
+        }
         if let Some(stage) = inner.stage() {
             if let stage::Found::Read = stage.read(pos, buf)? {
                 return Ok(true);
@@ -779,7 +803,8 @@ impl Storage for RemoteObject {
                 return Ok(());
             }
             // The next part of a stream: fetched with what follows it, in one GET.
-            if let Some((from, len)) = ahead.filter(|_| !self.copying()) {
+            if let Some((from, len)) = ahead.filter(|_| !self.copying() && inner.share().is_none())
+            {
                 let _ = inner.fetch_span(pos, from + len - pos);
                 if inner.cached_span(pos, buf) {
                     return Ok(());
@@ -830,7 +855,8 @@ impl Storage for RemoteObject {
     fn will_need(&self, at: u64, len: u64) {
         // Not when the node's copy will serve the scan: what read-ahead fetched would be
         // fetched again into the copy (and held in every process).
-        if self.inner.staging == Staging::Never && self.inner.stage().is_none() {
+        let inner = &self.inner;
+        if inner.staging == Staging::Never && inner.stage().is_none() && inner.share().is_none() {
             ahead().push(self.inner.clone(), at, len, false);
         }
     }
@@ -847,6 +873,12 @@ impl Storage for RemoteObject {
 
     fn fd(&self, at: u64, len: u64) -> Option<BorrowedFd<'_>> {
         self.inner.stage()?.fd(at, len)
+    }
+
+    fn held(&self, at: u64, len: u64) -> bool {
+        self.inner
+            .share()
+            .is_none_or(|s| s.holds(at, len).is_some())
     }
 
     /// A scan of the whole object (a tar's index build) is about to start: unless the

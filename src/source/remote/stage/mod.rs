@@ -16,8 +16,10 @@ mod hub;
 mod keep;
 mod place;
 mod share;
+mod spans;
 
 pub use share::{NodeCopy, Status};
+pub use spans::merged;
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -72,6 +74,9 @@ pub struct Object {
     pub etag: Option<String>,
     pub size: u64,
     pub mtime: i64,
+    /// For a copy of a share of the object's files: the object's bytes it holds, in a
+    /// row ([`spans`]); `size` is then theirs.
+    pub spans: Option<Arc<spans::Spans>>,
 }
 
 impl Object {
@@ -126,6 +131,10 @@ pub enum Found {
 #[derive(Debug)]
 pub struct Wanted {
     object: Object,
+    /// What the node's hub knows the copy by: the object's identity, and whether it is
+    /// of a share of the files.
+    id: String,
+    share: bool,
     slot: hub::Slot,
     stage: OnceLock<Option<Arc<Stage>>>,
     dir: Option<std::path::PathBuf>,
@@ -160,12 +169,34 @@ impl Wanted {
         keep: Option<u64>,
         progress: bool,
     ) -> Option<Wanted> {
+        Self::find_as(object, dir, keep, progress, false)
+    }
+
+    /// The node's copy of a share of the object's files ([`spans`]), if some process of
+    /// the job on the node made one; if not, one arrives when some process makes it.
+    pub fn find_share(object: Object, dir: Option<&Path>) -> Option<Wanted> {
+        Self::find_as(object, dir, None, false, true)
+    }
+
+    fn find_as(
+        object: Object,
+        dir: Option<&Path>,
+        keep: Option<u64>,
+        progress: bool,
+        share: bool,
+    ) -> Option<Wanted> {
         if object.size == 0 {
             return None;
         }
-        let slot = hub::want(&object.identity());
+        let mut id = object.identity();
+        if share {
+            id.push_str(" share");
+        }
+        let slot = hub::want(&id);
         Some(Wanted {
             object,
+            id,
+            share,
             slot,
             stage: OnceLock::new(),
             dir: dir.map(Path::to_owned),
@@ -187,13 +218,13 @@ impl Wanted {
     /// Makes the copy with `starter` when the hub says the node's reads show an epoch.
     pub fn on_start(&self, starter: hub::Starter) {
         let _ = self.starter.0.set(starter.clone());
-        hub::on_start(&self.object.identity(), starter);
+        hub::on_start(&self.id, starter);
     }
 
     /// A read of a file, counted for the node.
     pub fn seen(&self) {
         self.refresh();
-        hub::seen(&self.object.identity());
+        hub::seen(&self.id);
     }
 
     /// `Staging::Auto`'s copy, once the node's reads show an epoch: made where copying
@@ -232,11 +263,11 @@ impl Wanted {
     /// the node has; whether the node has one now. `shared`: the job's nodes share the
     /// stage-in ([`share`]), and its log line says so.
     fn create(&self, shared: bool) -> bool {
-        let id = self.object.identity();
+        let id = &self.id;
         let size = self.object.size;
         let pieces = size.div_ceil(PIECE);
         let name = &self.object.target.name;
-        let slot = hub::make_or_join(&id, || {
+        let slot = hub::make_or_join(id, || {
             if let (Some(dir), Some(bound)) = (&self.dir, self.keep) {
                 match keep::open(dir, self.object.tag(), size, pieces, bound) {
                     Ok((file, reused)) => {
@@ -292,6 +323,45 @@ impl Wanted {
         slot.is_some_and(|s| s.get().is_some())
     }
 
+    /// Places the node's copy of a share of the object's files, holding `spans`, all
+    /// free, unless some process of the job on the node has placed one (whose spans
+    /// then hold); whether the node has one now.
+    fn create_share(&self, spans: &spans::Spans) -> bool {
+        let name = &self.object.target.name;
+        let size = spans.len();
+        let pieces = size.div_ceil(PIECE);
+        let slot = hub::make_or_join(&self.id, || {
+            let board_end = Board::file_len(size, pieces);
+            let (file, placed) = match place::place(board_end + spans.bytes(), self.dir.as_deref())
+            {
+                Ok(placed) => placed,
+                Err(why) => {
+                    tracing::warn!("{name}: this node's share not copied ({why})");
+                    return None;
+                }
+            };
+            let init = file
+                .try_clone()
+                .and_then(|f| Board::create(f, size, pieces, self.object.tag()).map(drop))
+                .and_then(|()| spans.write(&file, board_end));
+            if let Err(e) = init {
+                tracing::warn!("{name}: this node's share not copied: {e}");
+                return None;
+            }
+            tracing::info!(
+                "{name}: copying this node's share of its files, {:.2} GB of {:.2} GB, to {}",
+                size as f64 / 1e9,
+                self.object.size as f64 / 1e9,
+                match placed {
+                    place::Placed::Memory => "this node's memory".to_owned(),
+                    place::Placed::Disk(dir) => dir.display().to_string(),
+                }
+            );
+            Some(file)
+        });
+        slot.is_some_and(|s| s.get().is_some())
+    }
+
     /// The copy, once this process has it; its free pieces are copied here too.
     pub fn stage(&self) -> Option<&Arc<Stage>> {
         let stage = self.unpooled()?;
@@ -307,7 +377,7 @@ impl Wanted {
         }
         let file = self.slot.get()?.try_clone().ok()?;
         self.stage
-            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress))
+            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress, self.share))
             .as_ref()
     }
 }
@@ -333,7 +403,7 @@ fn every_node(size: u64, shared: bool) -> String {
 impl Drop for Wanted {
     fn drop(&mut self) {
         if self.asked.load(Ordering::Relaxed) == generation() {
-            hub::unwant(&self.object.identity());
+            hub::unwant(&self.id);
         }
     }
 }
@@ -350,15 +420,15 @@ impl Wanted {
         {
             return;
         }
-        let id = self.object.identity();
+        let id = &self.id;
         if let Some(starter) = self.starter.0.get() {
-            hub::on_start(&id, starter.clone());
+            hub::on_start(id, starter.clone());
         }
-        let slot = hub::want(&id);
+        let slot = hub::want(id);
         if let Some(Some(stage)) = self.stage.get() {
             if slot.get().is_none() {
                 if let Ok(f) = stage.board.file().try_clone() {
-                    hub::hold(&id, f);
+                    hub::hold(id, f);
                 }
             }
         }
@@ -367,7 +437,19 @@ impl Wanted {
 
 impl Stage {
     /// The copy in `file`, made by this process or another.
-    fn new(file: File, object: Object, progress: bool) -> Option<Arc<Stage>> {
+    fn new(file: File, mut object: Object, progress: bool, share: bool) -> Option<Arc<Stage>> {
+        if share {
+            match spans::Spans::read(&file) {
+                Ok(spans) => {
+                    object.size = spans.len();
+                    object.spans = Some(Arc::new(spans));
+                }
+                Err(e) => {
+                    tracing::warn!("{}: the node's copy is unusable: {e}", object.target.name);
+                    return None;
+                }
+            }
+        }
         let board = match Board::open(file, object.size) {
             Ok(b) => b,
             Err(e) => {
@@ -425,35 +507,42 @@ impl Stage {
         self.board
             .swap(first, Piece::Taken(me), Piece::Arriving(me));
         let end = first + n;
-        let fetched = self.object.client.get_parts(
-            &self.object.target,
-            etag,
-            (at, len),
-            PART,
-            |pos, bytes| {
-                self.file()
-                    .write_all_at(bytes, pos)
-                    .map_err(|e| format!("writing the node-local copy: {e}"))?;
-                let p = pos / PIECE;
-                let upto = pos + bytes.len() as u64;
-                let piece_end = ((p + 1) * PIECE).min(size);
-                if upto < piece_end {
-                    if self.board.piece(p) == Piece::Arriving(me) {
-                        self.board
-                            .filled(p)
-                            .store(upto - p * PIECE, Ordering::Release);
-                        self.board.wake();
-                    }
-                    return Ok(());
-                }
-                if p + 1 < end {
+        let mut arrived = |pos: u64, bytes: &[u8]| -> Result<(), String> {
+            self.file()
+                .write_all_at(bytes, pos)
+                .map_err(|e| format!("writing the node-local copy: {e}"))?;
+            let p = pos / PIECE;
+            let upto = pos + bytes.len() as u64;
+            let piece_end = ((p + 1) * PIECE).min(size);
+            if upto < piece_end {
+                if self.board.piece(p) == Piece::Arriving(me) {
                     self.board
-                        .swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
+                        .filled(p)
+                        .store(upto - p * PIECE, Ordering::Release);
+                    self.board.wake();
                 }
-                self.landed(p, piece_end - p * PIECE);
-                Ok(())
-            },
-        );
+                return Ok(());
+            }
+            if p + 1 < end {
+                self.board
+                    .swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
+            }
+            self.landed(p, piece_end - p * PIECE);
+            Ok(())
+        };
+        let (client, target) = (&self.object.client, &self.object.target);
+        let fetched = match &self.object.spans {
+            None => client.get_parts(target, etag, (at, len), PART, &mut arrived),
+            // A share's copy: a GET for each span the pieces hold, one after another.
+            Some(spans) => spans
+                .parts(at, len)
+                .into_iter()
+                .try_for_each(|(from, n, to)| {
+                    client.get_parts(target, etag, (from, n), PART, |pos, bytes| {
+                        arrived(pos - from + to, bytes)
+                    })
+                }),
+        };
         if let Err(e) = fetched {
             tracing::warn!(
                 "{}: the copy to this node stopped: {e}",
@@ -658,6 +747,12 @@ impl Stage {
         (first..=last)
             .all(|p| self.board.piece(p) == Piece::Copied)
             .then(|| self.file().as_fd())
+    }
+
+    /// Where `[pos, pos + len)` of the object is in this copy of a share of its files,
+    /// when it holds them all.
+    pub fn holds(&self, pos: u64, len: u64) -> Option<u64> {
+        self.object.spans.as_ref()?.find(pos, len)
     }
 
     /// Whether the copy is still being made (read-ahead advice is then not needed).

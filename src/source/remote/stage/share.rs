@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::board::Piece;
-use super::{pool, Stage, PIECE};
+use super::spans::Spans;
+use super::{pool, Stage, Wanted, PIECE};
 use crate::error::{Error, Result};
 use crate::source::remote::RemoteObject;
 
@@ -26,6 +27,23 @@ use crate::source::remote::RemoteObject;
 pub struct NodeCopy {
     _object: RemoteObject,
     stage: Arc<Stage>,
+}
+
+/// The copy `wanted` in this process, once some process of the node has placed it.
+fn held(wanted: &Wanted, name: &str, wait: Duration) -> Result<Arc<Stage>> {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = wanted.unpooled() {
+            return Ok(s.clone());
+        }
+        if start.elapsed() > wait {
+            return Err(Error::Unsupported(format!(
+                "{name}: no process of this job on this node made its copy within {} s",
+                wait.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Where a piece, or the whole copy, stands.
@@ -52,19 +70,35 @@ impl NodeCopy {
                 "{name}: no copy could be placed on this node (the warning above says why)"
             )));
         }
-        let start = Instant::now();
-        let stage = loop {
-            if let Some(s) = wanted.unpooled() {
-                break s.clone();
-            }
-            if start.elapsed() > wait {
-                return Err(Error::Unsupported(format!(
-                    "{name}: no process of this job on this node made its copy within {} s",
-                    wait.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let stage = held(wanted, &name, wait)?;
+        Ok(NodeCopy {
+            _object: object,
+            stage,
+        })
+    }
+
+    /// The node's copy of the bytes of `ranges` of `object` (where a share of its files
+    /// lies, [`super::spans`]), made here, all free, unless some process of the job on
+    /// the node has made one: then that one, whatever ranges it holds.
+    /// [`NodeCopy::fetch_free`] starts the copying.
+    pub fn of_ranges(
+        object: RemoteObject,
+        ranges: Vec<std::ops::Range<u64>>,
+        wait: Duration,
+    ) -> Result<NodeCopy> {
+        let name = object.inner.target.name.clone();
+        let wanted = object.inner.share.as_ref().ok_or_else(|| {
+            Error::Unsupported(format!("{name} is empty: there is nothing to copy"))
+        })?;
+        let spans = Spans::new(ranges, object.inner.size).ok_or_else(|| {
+            Error::Unsupported(format!("{name}: the files given hold no bytes to copy"))
+        })?;
+        if !wanted.create_share(&spans) {
+            return Err(Error::Unsupported(format!(
+                "{name}: no copy could be placed on this node (the warning above says why)"
+            )));
+        }
+        let stage = held(wanted, &name, wait)?;
         Ok(NodeCopy {
             _object: object,
             stage,
