@@ -17,10 +17,14 @@ Ways to get the data to every node, each from nothing:
 - `each`: archfs.stage over MPI.COMM_SELF: every node copies the whole object (what a
   mount with its stage-in does today on every node);
 - `copy first`: every node copies the object to its node-local directory with `aws s3 cp`;
-- `on demand`: no copy: each node reads its files with a GET each, in process.
+- `on demand`: no copy: each node reads its files with a GET each, in process;
+- `share`: for a dataset larger than a node: each node copies only its fixed share of
+  the files (archfs.partition's, as NodeSampler draws them) with
+  archfs.stage.stage_files, the exact bytes they lie in.
 
 Then the first epoch: each node reads its 1/N of one shuffled order (DistributedSampler)
-in process, with 2 forked workers (DataLoader's), from the node's copy. Reported: bytes
+in process, with 2 forked workers (DataLoader's), from the node's copy; with `share`,
+its share, shuffled. Reported: bytes
 from storage over the archive, time to a full copy on every node (the slowest node's),
 the first epoch after it, and both together.
 """
@@ -40,7 +44,7 @@ from .remote import BUCKET, delta, ensure_deps, parse_links, remove, start_serve
 from .report import save
 from .system import log
 
-WAYS = ("together", "each", "copy first", "on demand")
+WAYS = ("together", "each", "copy first", "on demand", "share")
 WORKERS = 2
 
 
@@ -58,7 +62,18 @@ def helper_node(argv):
     comm.Barrier()
     t0 = time.perf_counter()
     source, held = url, None
-    if way in ("together", "each"):
+    order = list(entries)
+    random.Random(seed).shuffle(order)
+    mine = order[rank::n]
+    if way == "share":
+        from archfs.partition import node_shares
+
+        classes = [os.path.dirname(p) for p, _ in entries]
+        index = {c: i for i, c in enumerate(sorted(set(classes)))}
+        mine = [entries[i] for i in node_shares([index[c] for c in classes], n)[rank]]
+        random.Random(seed + rank).shuffle(mine)
+        held = archfs.stage.stage_files(url, [p for p, _ in mine], quiet=True)
+    elif way in ("together", "each"):
         held = archfs.stage.stage(url, comm if way == "together" else MPI.COMM_SELF,
                                   quiet=True)
     elif way == "copy first":
@@ -67,9 +82,7 @@ def helper_node(argv):
         subprocess.run([aws, "s3", "cp", "--quiet", url, source], check=True)
     copied = time.perf_counter() - t0
     archive = archfs.open_archive(source, preload="never")
-    order = list(entries)
-    random.Random(seed).shuffle(order)
-    res = in_workers(WORKERS, order[rank::n], archive.read)
+    res = in_workers(WORKERS, mine, archive.read)
     res.update(node=rank, copy_s=copied, epoch_s=time.perf_counter() - t0 - copied,
                received=held.received if held else 0)
     # One write: mpirun may interleave the pieces of a print with another rank's line.
@@ -127,7 +140,9 @@ class NodesBench:
 
 
 def line(r):
-    copy = "no copy" if r["way"] == "on demand" else f"full copy on every node in {r['copy_s']:.1f} s"
+    copy = {"on demand": "no copy",
+            "share": f"each node's share copied in {r['copy_s']:.1f} s"}.get(
+        r["way"], f"full copy on every node in {r['copy_s']:.1f} s")
     bad = f", {r['errors']} ERRORS ({r['first_error']})" if r["errors"] else ""
     return (f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}, {r['way']}: from storage {r['storage']:.2f}x the archive, "
             f"{copy}, first epoch {r['epoch_s']:.2f} s after it, {r['total_s']:.1f} s in all"
@@ -159,7 +174,8 @@ def report(b, args, manifest, label):
 def add_args(ap):
     g = ap.add_argument_group("nodes mode (--nodes; issue 52)")
     g.add_argument("--nodes", action="store_true", help="a job of N simulated nodes staging "
-                   "one archive from S3: together over MPI, each alone, copy first, on demand")
+                   "one archive from S3: together over MPI, each alone, copy first, on "
+                   "demand, each node its share of the files")
     g.add_argument("--nodes-counts", default="1,2,4", help="node counts N (default 1,2,4)")
     g.add_argument("--nodes-ways", default=",".join(WAYS))
     g.add_argument("--nodes-link", default="10ms/1gbit", help="the emulated link (--remote's)")

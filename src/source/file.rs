@@ -110,8 +110,8 @@ impl Storage for LocalFile {
         will_need(&self.file, at, len, piece);
     }
 
-    fn fd(&self, _at: u64, _len: u64) -> Option<BorrowedFd<'_>> {
-        Some(self.file.as_fd())
+    fn fd(&self, at: u64, _len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        Some((self.file.as_fd(), at))
     }
 
     /// Through a descriptor of its own (reads at other places through one descriptor

@@ -74,10 +74,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn held(&self, _at: u64, _len: u64) -> bool {
         true
     }
-    /// A descriptor whose byte `p` is byte `p` here, for `[at, at + len)`, where the
-    /// kernel can splice from it (a local file, a staged copy); `None` where those bytes
-    /// must be read into this process.
-    fn fd(&self, _at: u64, _len: u64) -> Option<BorrowedFd<'_>> {
+    /// A descriptor holding `[at, at + len)`, and where they start in it, that the
+    /// kernel can splice from (a local file, a staged copy, a node's share of the files);
+    /// `None` where those bytes must be read into this process.
+    fn fd(&self, _at: u64, _len: u64) -> Option<(BorrowedFd<'_>, u64)> {
         None
     }
     /// The same bytes through a handle of its own, so that a reader that moves through
@@ -275,7 +275,7 @@ impl Source {
         if end > self.len {
             return None;
         }
-        Some((self.store.fd(self.base + pos, len)?, self.base + pos))
+        self.store.fd(self.base + pos, len)
     }
 
     /// Reads `len` bytes at `pos` into one of this thread's reusable buffers.

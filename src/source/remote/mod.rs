@@ -871,8 +871,14 @@ impl Storage for RemoteObject {
         }
     }
 
-    fn fd(&self, at: u64, len: u64) -> Option<BorrowedFd<'_>> {
-        self.inner.stage()?.fd(at, len)
+    fn fd(&self, at: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        if let Some(fd) = self.inner.stage().and_then(|s| s.fd(at, len)) {
+            return Some((fd, at));
+        }
+        // A node's share of the files holds them in a row: read there, not fetched.
+        let share = self.inner.share()?;
+        let pos = share.holds(at, len)?;
+        Some((share.fd(pos, len)?, pos))
     }
 
     fn held(&self, at: u64, len: u64) -> bool {
