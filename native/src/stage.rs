@@ -8,7 +8,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use archfs::source::{CopyStatus, NodeCopy as Held, RemoteObject, RemoteOptions, Staging};
+use archfs::source::{
+    CopyOf, CopyStatus, LocalFile, NodeCopy as Held, RemoteObject, RemoteOptions, Staging,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -54,13 +56,11 @@ impl NodeCopy {
         };
         let name = url.as_os_str().as_bytes().to_vec();
         let opened = py.detach(|| {
-            let object = RemoteObject::open(&url, &options).ok_or_else(|| {
-                archfs::error::Error::Unsupported(format!(
-                    "{}: not an s3:// or https:// URL: a local archive is staged by the \
-                     page cache (archfs mount --preload)",
-                    url.display()
-                ))
-            })??;
+            // A file: on a parallel filesystem, each node reads its share of it.
+            let object = match RemoteObject::open(&url, &options) {
+                Some(object) => CopyOf::Object(object?),
+                None => CopyOf::File(LocalFile::open_to_copy(&url)?),
+            };
             let wait = Duration::from_secs_f64(wait.max(0.0));
             match ranges {
                 Some(r) => {
@@ -159,10 +159,12 @@ impl NodeCopy {
     }
 }
 
-/// Requests this process made of object stores so far, and the body bytes they brought.
+/// Requests this process made of object stores so far, and the bytes they brought with
+/// those it read from files into node copies: what it took from shared storage.
 #[pyfunction]
 pub fn fetched() -> (u64, u64) {
-    archfs::source::remote_totals().unwrap_or((0, 0))
+    let (requests, bytes) = archfs::source::remote_totals().unwrap_or((0, 0));
+    (requests, bytes + archfs::source::read_from_files())
 }
 
 /// The job's shape as its launcher says it: (nodes, this node's index, ranks on this

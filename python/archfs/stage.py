@@ -1,5 +1,6 @@
-"""``archfs.stage``: one copy of an archive in object storage on every node of a job, each
-byte read from the storage once for the whole job, not once per node.
+"""``archfs.stage``: one copy of an archive in object storage or on a parallel filesystem on
+every node of a job, each byte read from the storage once for the whole job, not once per
+node.
 
 Every rank of the job calls it (it is collective)::
 
@@ -73,7 +74,8 @@ def stage(
     keep: Union[int, str, None] = None,
     quiet: bool = False,
 ) -> Staged:
-    """Makes the node's copy of the object at ``url`` on every node of the job, each node
+    """Makes the node's copy of the object at ``url`` (or of a file every node sees, at a
+    path on a parallel filesystem) on every node of the job, each node
     reading its share from storage and the rest from the other nodes over ``comm``: an
     mpi4py communicator or a torch.distributed process group (``None``: torch.distributed's
     default group when it is set up, else ``MPI.COMM_WORLD``). Collective: every rank of
@@ -529,6 +531,11 @@ def main(argv: Sequence[str]) -> int:
                     help="seconds a node may move nothing before it is left out")
     ap.add_argument("--no-sign-request", action="store_true")
     args = ap.parse_args(argv)
+    if "://" not in args.url:
+        print(f"archfs: {args.url}: a file's node copies live with the job's processes, "
+              "not on disk: call archfs.stage.stage(PATH) in every rank of the job (or "
+              "copy it to node-local disks with mpiFileUtils' dbcast)", file=sys.stderr)
+        return 2
     try:
         stage(args.url, timeout=args.timeout, no_sign_request=args.no_sign_request,
               stage_dir=args.stage_dir, keep=args.keep)

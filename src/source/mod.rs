@@ -17,8 +17,8 @@ pub use buf::Buf;
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
 pub use remote::{
-    is_url, list_prefix, merged, put_sidecar, remote_totals, CopyStatus, NodeCopy, RemoteObject,
-    RemoteOptions, Staging, SIDECAR,
+    is_url, list_prefix, merged, put_sidecar, read_from_files, remote_totals, CopyOf, CopyStatus,
+    NodeCopy, RemoteObject, RemoteOptions, Staging, SIDECAR,
 };
 
 use crate::error::{Error, Result};
@@ -73,6 +73,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// (the push leaves such files to their readers).
     fn held(&self, _at: u64, _len: u64) -> bool {
         true
+    }
+    /// Whether the node holds only a share of its files ([`Storage::held`] may say no).
+    fn partial(&self) -> bool {
+        false
+    }
+    /// Whether a local file is read from the node's copy of it (made by the job's
+    /// stage-in): it is then not streamed into the page cache nor read ahead from the
+    /// shared filesystem.
+    fn copied(&self) -> bool {
+        false
     }
     /// A descriptor holding `[at, at + len)`, and where they start in it, that the
     /// kernel can splice from (a local file, a staged copy, a node's share of the files);
@@ -225,6 +235,16 @@ impl Source {
     /// [`Storage::held`].
     pub fn held(&self, at: u64, len: u64) -> bool {
         self.store.held(at, len)
+    }
+
+    /// [`Storage::partial`].
+    pub fn partial(&self) -> bool {
+        self.store.partial()
+    }
+
+    /// [`Storage::copied`].
+    pub fn copied(&self) -> bool {
+        self.store.copied()
     }
 
     /// Whether the archive is a file of this machine ([`Storage::is_local`]).

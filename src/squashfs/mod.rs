@@ -232,7 +232,7 @@ impl Archive for SquashFs {
     }
 
     fn held(&self, ino: u64) -> bool {
-        self.source.is_local()
+        !self.source.partial()
             || self.stored(ino).is_none_or(|rs| {
                 rs.iter()
                     .all(|r| self.source.held(r.start, r.end - r.start))
@@ -283,7 +283,7 @@ impl Archive for SquashFs {
     /// Tables follow the data in every image mksquashfs writes: the inode table starts
     /// where data and fragment blocks end.
     fn extents(&self) -> Vec<Extent> {
-        if !self.source.is_local() {
+        if !self.source.is_local() || self.source.copied() {
             return Vec::new();
         }
         let path = self.source.path().to_owned();

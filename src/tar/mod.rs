@@ -494,7 +494,7 @@ impl Archive for TarArchive {
 
     fn held(&self, ino: u64) -> bool {
         let source = self.body.source();
-        source.is_local()
+        !source.partial()
             || self
                 .stored(ino)
                 .is_none_or(|rs| rs.iter().all(|r| source.held(r.start, r.end - r.start)))
@@ -545,7 +545,7 @@ impl Archive for TarArchive {
         self.bodies()
             .take(files)
             .map(Body::source)
-            .filter(|s| s.is_local())
+            .filter(|s| s.is_local() && !s.copied())
             .map(|source| Extent {
                 path: source.path().to_owned(),
                 range: 0..source.len(),

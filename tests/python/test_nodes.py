@@ -165,6 +165,36 @@ def test_each_byte_leaves_the_storage_once_for_the_job(job, tmp_path, monkeypatc
     assert nothing_left(before), "a copy outlived the job"
 
 
+def test_a_file_on_a_shared_filesystem_is_read_once_for_the_job(job, tmp_path):
+    """The same for a file every node sees (a parallel filesystem's; here one file of this
+    machine): each node reads its 1/N of it and the rest from the other nodes; every copy
+    equals the file; every file reads back on every node, in process and through a mount,
+    from the node's copy. What each process read of the file is counted by archfs as it
+    reads it (`from_storage`: no server stands between a node and a file to count)."""
+    nodes, per_node = 2, 2
+    img, expected = make_image(tmp_path, 96 * MiB, seed=15)
+    size = img.stat().st_size
+    digest = hashlib.sha256(img.read_bytes()).hexdigest()
+    before = set(my_processes())
+    run = launch(tmp_path, str(img), expected, nodes, per_node, timeout=60)
+    out = finish(run)
+    assert run.returncode == 0, out
+    done = results(out)
+    assert len(done) == nodes * per_node, out
+    for r in done:
+        assert r["bad"] == [] and r["digest"] == digest and r["given_up"] == [], r
+        assert r["nodes"] == nodes and r["host"] == f"node{r['node']}", r
+    leaders = [r for r in done if r["received"]]
+    assert len(leaders) == nodes, "a node received nothing from the others"
+    for r in leaders:
+        assert abs(r["received"] - size * (nodes - 1) / nodes) <= 4 * MiB + 1, r
+        assert abs(r["from_storage"] - size / nodes) <= 4 * MiB, r
+    read = sum(r["from_storage"] for r in done)
+    print(f"{nodes} nodes over a file: read {read / size:.3f}x the file")
+    assert size <= read <= 1.1 * size, f"the nodes read {read / size:.2f}x the file"
+    assert nothing_left(before), "a copy outlived the job"
+
+
 @pytest.mark.parametrize("recovery", [True, False], ids=["others-finish", "job-aborted"])
 def test_a_node_killed_mid_stage(job, tmp_path, monkeypatch, recovery):
     """With mpirun --enable-recovery the others finish, its pieces fetched from storage;

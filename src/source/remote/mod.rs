@@ -27,7 +27,7 @@ use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::per_process::PerProcess;
 pub use http::totals as remote_totals;
-pub use stage::{merged, NodeCopy, Status as CopyStatus};
+pub use stage::{merged, read_from_files, CopyOf, FileCopies, NodeCopy, Status as CopyStatus};
 pub use url::is_url;
 use url::Location;
 
@@ -162,9 +162,12 @@ impl RemoteObject {
             target.endpoint
         );
         let object = stage::Object {
-            client: client.clone(),
-            target: target.clone(),
-            etag: meta.etag.clone(),
+            origin: stage::Origin::Remote {
+                client: client.clone(),
+                target: Box::new(target.clone()),
+                etag: meta.etag.clone(),
+            },
+            name: target.name.clone(),
             size: meta.size,
             mtime: meta.mtime,
             spans: None,
@@ -879,6 +882,10 @@ impl Storage for RemoteObject {
         let share = self.inner.share()?;
         let pos = share.holds(at, len)?;
         Some((share.fd(pos, len)?, pos))
+    }
+
+    fn partial(&self) -> bool {
+        self.inner.share().is_some()
     }
 
     fn held(&self, at: u64, len: u64) -> bool {

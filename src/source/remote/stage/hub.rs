@@ -109,6 +109,12 @@ fn hub() -> &'static Hub {
     hub
 }
 
+/// Whether some process of the job on the node holds the hub: a local file looks for
+/// node copies only then, so opening one starts no hub of its own.
+pub fn running() -> bool {
+    matches!(node::connect(&node::name("copies", "hub")), Ok(Some(_)))
+}
+
 /// The node's copy of `id`, if one exists; from now on a copy made by any process arrives
 /// in the slot returned.
 pub fn want(id: &str) -> Slot {

@@ -18,7 +18,7 @@ mod place;
 mod share;
 mod spans;
 
-pub use share::{NodeCopy, Status};
+pub use share::{NodeCopy, Of as CopyOf, Status};
 pub use spans::merged;
 
 use std::collections::VecDeque;
@@ -69,9 +69,9 @@ const WORKERS: usize = board::COPIERS;
 /// What a copy is of, and what every process that would share it agrees on.
 #[derive(Clone, Debug)]
 pub struct Object {
-    pub client: Arc<Client>,
-    pub target: Target,
-    pub etag: Option<String>,
+    pub origin: Origin,
+    /// What names it in messages: a URL or a path.
+    pub name: String,
     pub size: u64,
     pub mtime: i64,
     /// For a copy of a share of the object's files: the object's bytes it holds, in a
@@ -79,23 +79,81 @@ pub struct Object {
     pub spans: Option<Arc<spans::Spans>>,
 }
 
+/// Where a copy's bytes come from.
+#[derive(Clone, Debug)]
+pub enum Origin {
+    /// An object in S3 or over HTTP: ranged GETs, which fail once its ETag changed.
+    Remote {
+        client: Arc<Client>,
+        target: Box<Target>,
+        etag: Option<String>,
+    },
+    /// A file (on a parallel filesystem, read by every node of a job): `pread`.
+    /// `place` tells its versions apart ([`crate::source::Storage::place_id`]).
+    File { file: Arc<File>, place: u64 },
+}
+
 impl Object {
-    /// The identity the node's copies are found by: the request URL (endpoint, bucket,
-    /// key), the version (ETag, else size and time) and the user's signing keys' id.
+    /// The identity the node's copies are found by. An object: the request URL
+    /// (endpoint, bucket, key), the version (ETag, else size and time) and the user's
+    /// signing keys' id. A file: its path, device, inode and change time, size.
     fn identity(&self) -> String {
-        let key = self
-            .target
-            .signer
-            .as_ref()
-            .map_or("anonymous", |(c, _)| c.access_key.as_str());
-        format!(
-            "{} {} {} {} {key}",
-            self.target.url,
-            self.etag.as_deref().unwrap_or("-"),
-            self.size,
-            self.mtime
-        )
+        match &self.origin {
+            Origin::Remote { target, etag, .. } => {
+                let key = target
+                    .signer
+                    .as_ref()
+                    .map_or("anonymous", |(c, _)| c.access_key.as_str());
+                format!(
+                    "{} {} {} {} {key}",
+                    target.url,
+                    etag.as_deref().unwrap_or("-"),
+                    self.size,
+                    self.mtime
+                )
+            }
+            Origin::File { place, .. } => {
+                format!("file {} {place:x} {}", self.name, self.size)
+            }
+        }
         .replace(['\n', '\0'], " ")
+    }
+
+    /// `[at, at + len)` of the copy from its origin, handed to `each` a part at a time
+    /// with where it goes in the copy: one ranged GET, or one for each span of a share.
+    fn fetch(
+        &self,
+        (at, len): (u64, u64),
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let parts = match &self.spans {
+            None => vec![(at, len, at)],
+            Some(spans) => spans.parts(at, len),
+        };
+        parts
+            .into_iter()
+            .try_for_each(|(from, n, to)| match &self.origin {
+                Origin::Remote {
+                    client,
+                    target,
+                    etag,
+                } => client.get_parts(target, etag.as_deref(), (from, n), PART, |pos, bytes| {
+                    each(pos - from + to, bytes)
+                }),
+                Origin::File { file, .. } => {
+                    let mut buf = vec![0u8; PART.min(n) as usize];
+                    let mut done = 0;
+                    while done < n {
+                        let k = (n - done).min(PART) as usize;
+                        file.read_exact_at(&mut buf[..k], from + done)
+                            .map_err(|e| format!("reading {}: {e}", self.name))?;
+                        READ_FROM_FILES.fetch_add(k as u64, Ordering::Relaxed);
+                        each(to + done, &buf[..k])?;
+                        done += k as u64;
+                    }
+                    Ok(())
+                }
+            })
     }
 
     /// The identity, hashed: what a kept copy is named and checked by.
@@ -104,6 +162,119 @@ impl Object {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.identity().hash(&mut h);
         h.finish()
+    }
+}
+
+/// Bytes this process read from files into node copies: what a node took from a
+/// parallel filesystem.
+static READ_FROM_FILES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes this process has read from files into node copies.
+pub fn read_from_files() -> u64 {
+    READ_FROM_FILES.load(Ordering::Relaxed)
+}
+
+/// A local file's node copies, whole ([`share`]) or of a node's share of its files
+/// ([`spans`]), made by `archfs.stage` for a file on a parallel filesystem: looked for at
+/// open only when a process of the job on the node holds the hub, so reading a local
+/// archive otherwise starts none.
+#[derive(Debug, Default)]
+pub struct FileCopies {
+    whole: Option<Wanted>,
+    share: Option<Wanted>,
+}
+
+impl FileCopies {
+    /// `file`'s copies on the node; `place`: [`crate::source::Storage::place_id`].
+    /// `always`: looked for (or to be made) even where no hub runs yet.
+    pub fn find(
+        file: &File,
+        name: &Path,
+        (size, mtime, place): (u64, i64, u64),
+        always: bool,
+    ) -> FileCopies {
+        if size == 0 || !(always || hub::running()) {
+            return FileCopies::default();
+        }
+        let Ok(file) = file.try_clone() else {
+            return FileCopies::default();
+        };
+        let object = Object {
+            origin: Origin::File {
+                file: Arc::new(file),
+                place,
+            },
+            name: name.display().to_string(),
+            size,
+            mtime,
+            spans: None,
+        };
+        FileCopies {
+            share: Wanted::find_share(object.clone(), None),
+            whole: Wanted::find(object, None, None, false),
+        }
+    }
+
+    /// The copy `Wanted` of the whole file (`share`: of a share of its files).
+    pub(super) fn wanted(&self, share: bool) -> Option<&Wanted> {
+        if share {
+            self.share.as_ref()
+        } else {
+            self.whole.as_ref()
+        }
+    }
+
+    /// Fills `buf` from `pos` out of a node copy that holds those bytes; false: read
+    /// them from the file.
+    pub fn read(&self, pos: u64, buf: &mut [u8]) -> std::io::Result<bool> {
+        if let Some(share) = self.share.as_ref().and_then(Wanted::stage) {
+            if let Some(at) = share.holds(pos, buf.len() as u64) {
+                if let Found::Read = share.read(at, buf)? {
+                    return Ok(true);
+                }
+            }
+        }
+        if let Some(whole) = self.whole.as_ref().and_then(Wanted::stage) {
+            if let Found::Read = whole.read(pos, buf)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// A copy's descriptor holding `[at, at + len)`, and where they are in it.
+    pub fn fd(&self, at: u64, len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        if let Some(fd) = self
+            .whole
+            .as_ref()
+            .and_then(Wanted::stage)
+            .and_then(|s| s.fd(at, len))
+        {
+            return Some((fd, at));
+        }
+        let share = self.share.as_ref().and_then(Wanted::stage)?;
+        let pos = share.holds(at, len)?;
+        Some((share.fd(pos, len)?, pos))
+    }
+
+    /// Whether the node holds a copy of the file, whole or of a share of its files.
+    pub fn any(&self) -> bool {
+        [&self.whole, &self.share]
+            .into_iter()
+            .any(|w| w.as_ref().and_then(Wanted::stage).is_some())
+    }
+
+    /// Whether the node holds a share of the file's files ([`crate::source::Storage::partial`]).
+    pub fn partial(&self) -> bool {
+        self.share.as_ref().and_then(Wanted::stage).is_some()
+    }
+
+    /// [`crate::source::Storage::held`]: false for bytes outside a share the node holds.
+    pub fn held(&self, at: u64, len: u64) -> bool {
+        self.share
+            .as_ref()
+            .and_then(Wanted::stage)
+            .is_none_or(|s| s.holds(at, len).is_some())
     }
 }
 
@@ -241,7 +412,7 @@ impl Wanted {
                          reads on demand over a few epochs; reads fetch what they need. \
                          To copy it once for the whole job, call archfs.stage.stage(URL) \
                          in every rank first",
-                        self.object.target.name,
+                        self.object.name,
                         t.nodes,
                         t.from,
                         t.nodes
@@ -266,7 +437,7 @@ impl Wanted {
         let id = &self.id;
         let size = self.object.size;
         let pieces = size.div_ceil(PIECE);
-        let name = &self.object.target.name;
+        let name = &self.object.name;
         let slot = hub::make_or_join(id, || {
             if let (Some(dir), Some(bound)) = (&self.dir, self.keep) {
                 match keep::open(dir, self.object.tag(), size, pieces, bound) {
@@ -327,7 +498,7 @@ impl Wanted {
     /// free, unless some process of the job on the node has placed one (whose spans
     /// then hold); whether the node has one now.
     fn create_share(&self, spans: &spans::Spans) -> bool {
-        let name = &self.object.target.name;
+        let name = &self.object.name;
         let size = spans.len();
         let pieces = size.div_ceil(PIECE);
         let slot = hub::make_or_join(&self.id, || {
@@ -445,7 +616,7 @@ impl Stage {
                     object.spans = Some(Arc::new(spans));
                 }
                 Err(e) => {
-                    tracing::warn!("{}: the node's copy is unusable: {e}", object.target.name);
+                    tracing::warn!("{}: the node's copy is unusable: {e}", object.name);
                     return None;
                 }
             }
@@ -453,16 +624,14 @@ impl Stage {
         let board = match Board::open(file, object.size) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!("{}: the node's copy is unusable: {e}", object.target.name);
+                tracing::warn!("{}: the node's copy is unusable: {e}", object.name);
                 return None;
             }
         };
         let copying = board.left().load(Ordering::Acquire) > 0;
         let bar = (progress && copying).then(|| {
-            let bar = crate::progress::bar(
-                format!("copying {} to this node", object.target.name),
-                object.size,
-            );
+            let bar =
+                crate::progress::bar(format!("copying {} to this node", object.name), object.size);
             bar.set_position(
                 (object.size.div_ceil(PIECE) - board.left().load(Ordering::Acquire)) * PIECE,
             );
@@ -503,7 +672,6 @@ impl Stage {
         let size = self.object.size;
         let at = first * PIECE;
         let len = ((first + n) * PIECE).min(size) - at;
-        let etag = self.object.etag.as_deref();
         self.board
             .swap(first, Piece::Taken(me), Piece::Arriving(me));
         let end = first + n;
@@ -530,24 +698,8 @@ impl Stage {
             self.landed(p, piece_end - p * PIECE);
             Ok(())
         };
-        let (client, target) = (&self.object.client, &self.object.target);
-        let fetched = match &self.object.spans {
-            None => client.get_parts(target, etag, (at, len), PART, &mut arrived),
-            // A share's copy: a GET for each span the pieces hold, one after another.
-            Some(spans) => spans
-                .parts(at, len)
-                .into_iter()
-                .try_for_each(|(from, n, to)| {
-                    client.get_parts(target, etag, (from, n), PART, |pos, bytes| {
-                        arrived(pos - from + to, bytes)
-                    })
-                }),
-        };
-        if let Err(e) = fetched {
-            tracing::warn!(
-                "{}: the copy to this node stopped: {e}",
-                self.object.target.name
-            );
+        if let Err(e) = self.object.fetch((at, len), &mut arrived) {
+            tracing::warn!("{}: the copy to this node stopped: {e}", self.object.name);
             self.fail();
             return false;
         }
@@ -633,7 +785,7 @@ impl Stage {
         if let Some(b) = &self.bar {
             b.inc(len);
         }
-        let name = &self.object.target.name;
+        let name = &self.object.name;
         let size = self.object.size;
         // A line in the log at every tenth.
         let pieces = self.board.pieces();

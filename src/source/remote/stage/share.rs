@@ -20,13 +20,48 @@ use super::spans::Spans;
 use super::{pool, Stage, Wanted, PIECE};
 use crate::error::{Error, Result};
 use crate::source::remote::RemoteObject;
+use crate::source::{LocalFile, Storage};
 
 /// The node's copy of one object, held open for the process that moves its pieces
 /// between the nodes: while this lives, the node keeps the copy.
 #[derive(Debug)]
 pub struct NodeCopy {
-    _object: RemoteObject,
+    _of: Of,
     stage: Arc<Stage>,
+}
+
+/// What a [`NodeCopy`] is a copy of.
+#[derive(Debug)]
+pub enum Of {
+    /// An object in S3 or over HTTP.
+    Object(RemoteObject),
+    /// A file on a parallel filesystem (opened with [`LocalFile::open_to_copy`]).
+    File(LocalFile),
+}
+
+impl Of {
+    /// The node's copy, whole or of a share of the files.
+    fn wanted(&self, share: bool) -> Option<&Wanted> {
+        match self {
+            Of::Object(o) if share => o.inner.share.as_ref(),
+            Of::Object(o) => o.inner.stage.as_ref(),
+            Of::File(f) => f.copies().wanted(share),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Of::Object(o) => o.inner.target.name.clone(),
+            Of::File(f) => f.path().display().to_string(),
+        }
+    }
+
+    fn size(&self) -> u64 {
+        match self {
+            Of::Object(o) => o.inner.size,
+            Of::File(f) => f.size(),
+        }
+    }
 }
 
 /// The copy `wanted` in this process, once some process of the node has placed it.
@@ -60,9 +95,9 @@ impl NodeCopy {
     /// The node's copy of `object`. With `make`, made here if no process of the job on
     /// the node has made it, its pieces all free and none fetched yet ([`NodeCopy::share`]
     /// starts that); else waited for, up to `wait`, until some process makes it.
-    pub fn new(object: RemoteObject, make: bool, wait: Duration) -> Result<NodeCopy> {
-        let name = object.inner.target.name.clone();
-        let wanted = object.inner.stage.as_ref().ok_or_else(|| {
+    pub fn new(object: Of, make: bool, wait: Duration) -> Result<NodeCopy> {
+        let name = object.name();
+        let wanted = object.wanted(false).ok_or_else(|| {
             Error::Unsupported(format!("{name} is empty: there is nothing to copy"))
         })?;
         if make && !wanted.create(true) {
@@ -71,10 +106,7 @@ impl NodeCopy {
             )));
         }
         let stage = held(wanted, &name, wait)?;
-        Ok(NodeCopy {
-            _object: object,
-            stage,
-        })
+        Ok(NodeCopy { _of: object, stage })
     }
 
     /// The node's copy of the bytes of `ranges` of `object` (where a share of its files
@@ -82,15 +114,15 @@ impl NodeCopy {
     /// the node has made one: then that one, whatever ranges it holds.
     /// [`NodeCopy::fetch_free`] starts the copying.
     pub fn of_ranges(
-        object: RemoteObject,
+        object: Of,
         ranges: Vec<std::ops::Range<u64>>,
         wait: Duration,
     ) -> Result<NodeCopy> {
-        let name = object.inner.target.name.clone();
-        let wanted = object.inner.share.as_ref().ok_or_else(|| {
+        let name = object.name();
+        let wanted = object.wanted(true).ok_or_else(|| {
             Error::Unsupported(format!("{name} is empty: there is nothing to copy"))
         })?;
-        let spans = Spans::new(ranges, object.inner.size).ok_or_else(|| {
+        let spans = Spans::new(ranges, object.size()).ok_or_else(|| {
             Error::Unsupported(format!("{name}: the files given hold no bytes to copy"))
         })?;
         if !wanted.create_share(&spans) {
@@ -99,10 +131,7 @@ impl NodeCopy {
             )));
         }
         let stage = held(wanted, &name, wait)?;
-        Ok(NodeCopy {
-            _object: object,
-            stage,
-        })
+        Ok(NodeCopy { _of: object, stage })
     }
 
     pub fn size(&self) -> u64 {
@@ -151,7 +180,7 @@ impl NodeCopy {
         tracing::info!(
             "{}: this node copies {:.1} GB of it from storage, the job's other nodes the \
              other {:.1} GB",
-            self.stage.object.target.name,
+            self.stage.object.name,
             here as f64 / 1e9,
             (size - here) as f64 / 1e9
         );
