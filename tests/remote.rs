@@ -1056,7 +1056,7 @@ fn a_kept_copy_serves_the_next_job_and_the_oldest_goes_first() {
 /// given back; given back, they are fetched like any other. The copy equals the object.
 #[test]
 fn a_shared_stage_in_holds_the_other_nodes_pieces_until_they_land() {
-    use archfs::source::{CopyStatus, NodeCopy, RemoteObject, RemoteOptions};
+    use archfs::source::{CopyOf, CopyStatus, NodeCopy, RemoteObject, RemoteOptions};
     use std::time::Duration;
 
     let dir = TempDir::new("remote-share");
@@ -1077,7 +1077,7 @@ fn a_shared_stage_in_holds_the_other_nodes_pieces_until_they_land() {
     let object = RemoteObject::open(Path::new("s3://data/obj.bin"), &RemoteOptions::default())
         .unwrap()
         .unwrap();
-    let copy = NodeCopy::new(object, true, Duration::from_secs(30)).unwrap();
+    let copy = NodeCopy::new(CopyOf::Object(object), true, Duration::from_secs(30)).unwrap();
     assert_eq!((copy.size(), copy.pieces()), (18 << 20, 5));
     // This node fetches pieces 0 and 1; 2, 3 and 4 are the other nodes'.
     assert_eq!(copy.share(0..2), 3);
