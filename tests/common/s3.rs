@@ -245,7 +245,15 @@ impl S3Server {
             weed_bin().display(),
             venv_python().display()
         );
-        let dir = TempDir::new("s3");
+        // In memory: a volume server refuses every write once its disk has less than 1%
+        // free ("No more free space left"; mini has no flag for it), and a CI machine's
+        // disk filled by builds and test data got there mid-suite.
+        let shm = Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            TempDir::new_in(shm, "s3")
+        } else {
+            TempDir::new("s3")
+        };
         std::fs::create_dir(dir.join("home")).unwrap();
         std::fs::write(dir.join("s3.json"), identities()).unwrap();
         std::fs::write(dir.join("client.py"), CLIENT_PY).unwrap();
@@ -487,9 +495,9 @@ impl S3Server {
             // heartbeat, which `launch` waits for.
             "-master.resumeState=false".to_owned(),
             // mini sizes its volumes and their count from the disk's free space, and each
-            // bucket takes a volume of its own: on a CI machine with little disk left the
-            // fourth bucket's PUTs failed with 500 InternalError. Fixed here, they do not
-            // depend on the machine (volumes grow as written; nothing is preallocated).
+            // bucket takes a volume of its own: with little disk left a fifth bucket's
+            // PUTs failed with 500 InternalError. Fixed here, they do not depend on the
+            // machine (volumes grow as written; nothing is preallocated).
             "-master.volumeSizeLimitMB=64".to_owned(),
             "-volume.max=100".to_owned(),
             format!("-master.port={}", p.master),

@@ -165,13 +165,14 @@ def test_each_byte_leaves_the_storage_once_for_the_job(job, tmp_path, monkeypatc
     assert nothing_left(before), "a copy outlived the job"
 
 
-def test_a_file_on_a_shared_filesystem_is_read_once_for_the_job(job, tmp_path):
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (4, 1)])
+def test_a_file_on_a_shared_filesystem_is_read_once_for_the_job(job, tmp_path, nodes,
+                                                               per_node):
     """The same for a file every node sees (a parallel filesystem's; here one file of this
     machine): each node reads its 1/N of it and the rest from the other nodes; every copy
     equals the file; every file reads back on every node, in process and through a mount,
     from the node's copy. What each process read of the file is counted by archfs as it
     reads it (`from_storage`: no server stands between a node and a file to count)."""
-    nodes, per_node = 2, 2
     img, expected = make_image(tmp_path, 96 * MiB, seed=15)
     size = img.stat().st_size
     digest = hashlib.sha256(img.read_bytes()).hexdigest()

@@ -9,10 +9,12 @@ archfs protocol, forked children included."""
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,12 @@ class S3:
         from botocore.config import Config
 
         self.root = root
-        (root / "data").mkdir()
+        # The data in memory: a volume server refuses every write once its disk has less
+        # than 1% free, as a CI machine's disk filled by builds and test data had.
+        shm = Path("/dev/shm")
+        self.data = Path(tempfile.mkdtemp(prefix="archfs-test-weed-", dir=shm)) \
+            if shm.is_dir() else root / "data"
+        self.data.mkdir(exist_ok=True)
         (root / "s3.json").write_text(json.dumps({"identities": [{
             "name": "archfs-pytest",
             "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
@@ -62,7 +69,7 @@ class S3:
                       "filer.port.grpc", "s3", "s3.port.grpc", "admin", "admin.port.grpc"],
                      free_ports(10)))
         self.ports = list(p.values())
-        args = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        args = [weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-master.telemetry=false", "-master.resumeState=false",
                 # Volumes not sized from the disk's free space (tests/common/s3.rs says why).
                 "-master.volumeSizeLimitMB=64", "-volume.max=100",
@@ -90,6 +97,7 @@ class S3:
         def serving():
             if self.proc.poll() is not None:
                 if "not available" in self.tail() or "address already in use" in self.tail():
+                    shutil.rmtree(self.data, ignore_errors=True)
                     raise PortTaken(self.tail())
                 pytest.fail(f"weed exited: {self.tail()}")
             if STARTED not in self.log.read_text(errors="replace"):
@@ -125,6 +133,7 @@ class S3:
             self.proc.wait()
         except ProcessLookupError:
             pass
+        shutil.rmtree(self.data, ignore_errors=True)
         for port in self.ports:
             for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
                 try:
