@@ -1113,3 +1113,104 @@ fn a_shared_stage_in_holds_the_other_nodes_pieces_until_they_land() {
     copy.file().read_exact_at(&mut got, 0).unwrap();
     assert!(got == bytes, "the copy differs from the object");
 }
+
+/// Files handed to `fetch_ahead` in a shuffled order, from a union of a tar and a
+/// SquashFS image in S3, land in the node's copies of both: with the server stopped,
+/// every file reads back exactly, in another order.
+#[test]
+fn files_fetched_ahead_read_back_with_the_server_gone() {
+    use archfs::archive::path::{files_under, read_into, walk};
+    use archfs::cache::CacheConfig;
+    use archfs::open::{open_many, OpenOptions};
+    use archfs::source::{fetched_ahead, RemoteOptions, Staging};
+
+    let dir = TempDir::new("remote-ahead");
+    let mut want = std::collections::BTreeMap::new();
+    let mut seed = 0x9e37_79b9_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (tree, files) in [("t", 150), ("s", 150)] {
+        for i in 0..files {
+            let rel = format!("{tree}/c{}/{tree}{i:04}.jpg", i % 7);
+            let len = 1 + next() as usize % (160 << 10);
+            let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let path = dir.join(format!("src/{rel}"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &data).unwrap();
+            want.insert(rel, data);
+        }
+    }
+    tar_of(&dir.join("src"), "t", &dir.join("t.tar"));
+    std::fs::create_dir_all(dir.join("only-s")).unwrap();
+    std::fs::rename(dir.join("src/s"), dir.join("only-s/s")).unwrap();
+    mksquashfs(&dir.join("only-s"), &dir.join("s.sqfs"), &["-comp", "zstd"]);
+    let mut s3 = S3Server::start();
+    s3.create_bucket("data");
+    s3.put("data", "t.tar", &dir.join("t.tar"));
+    s3.put("data", "s.sqfs", &dir.join("s.sqfs"));
+    for (k, v) in s3.env() {
+        std::env::set_var(k, v);
+    }
+    // The tar's index saved beside it, as a user does once: else its scan would copy
+    // the tar whole before any order.
+    let out = inspect(
+        &s3,
+        &["index", "s3://data/t.tar"],
+        &[("XDG_CACHE_HOME", dir.join("indexer").to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    std::env::set_var("SLURM_JOB_ID", format!("ahead-{}", std::process::id()));
+    std::env::set_var("XDG_CACHE_HOME", dir.join("cache"));
+    // Auto, as a job opens it: an order makes the copy (Never would make none).
+    let options = OpenOptions {
+        remote: RemoteOptions {
+            stage: Staging::Auto,
+            ..RemoteOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let urls = [
+        PathBuf::from("s3://data/t.tar"),
+        PathBuf::from("s3://data/s.sqfs"),
+    ];
+    let union = open_many(&urls, &CacheConfig::default(), &options).unwrap();
+    let mut names = files_under(&*union, b"", None).unwrap();
+    assert_eq!(names.len(), want.len());
+    // A shuffled order, as a sampler draws one.
+    for i in (1..names.len()).rev() {
+        names.swap(i, next() as usize % (i + 1));
+    }
+    let inos: Vec<u64> = names
+        .iter()
+        .map(|n| walk(&*union, n, true).unwrap().ino)
+        .collect();
+    assert_eq!(archfs::archive::fetch_ahead(&*union, &inos), names.len());
+    let bytes: u64 = want.values().map(|d| d.len() as u64).sum();
+    // Done once past the files' bytes (with the grains around them) and still.
+    let mut last = 0;
+    let still = || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let now = fetched_ahead();
+        let done = now >= bytes && now == last;
+        last = now;
+        done
+    };
+    assert!(
+        wait_for(120, still),
+        "fetched ahead {} of {bytes} bytes",
+        fetched_ahead()
+    );
+    s3.stop();
+    for name in names.iter().rev() {
+        let rel = String::from_utf8(name.clone()).unwrap();
+        let ino = walk(&*union, name, true).unwrap().ino;
+        let mut got = vec![0u8; want[&rel].len() + 1];
+        let n = read_into(&*union, ino, 0, &mut got)
+            .unwrap_or_else(|e| panic!("{rel} with the server gone: {e}"));
+        assert!(got[..n] == want[&rel][..], "{rel} differs");
+    }
+}

@@ -233,6 +233,30 @@ impl Archive {
         Ok(out)
     }
 
+    /// The inode numbers of the files at `paths` (links followed; 0 for a path that is
+    /// missing or no file): what [`Archive::fetch_ahead`] takes, found once a dataset.
+    fn inodes(&self, py: Python<'_>, paths: Vec<Name>) -> Vec<u64> {
+        let (a, dirs) = (self.archive(), &self.dirs);
+        py.detach(|| {
+            paths
+                .iter()
+                .map(|p| match dirs.walk(a, &p.0, true) {
+                    Ok(attr) if attr.kind == Kind::File => attr.ino,
+                    _ => 0,
+                })
+                .collect()
+        })
+    }
+
+    /// Fetches the files `inos` (from `inodes`) in this order into the node's copy of
+    /// the objects they are in, in the background, in place of the order this process
+    /// gave last; the number of files it will fetch (those of local archives and
+    /// compressed tars are read as they are).
+    fn fetch_ahead(&self, py: Python<'_>, inos: Vec<u64>) -> usize {
+        let a = self.archive();
+        py.detach(|| archfs::archive::fetch_ahead(a, &inos))
+    }
+
     /// The inode number and size of the file at `path` (links followed), for a file
     /// object's reads by [`Archive::pread`].
     fn open(&self, py: Python<'_>, path: Name) -> PyResult<(u64, u64)> {

@@ -196,6 +196,16 @@ class Archive:
         """Several files whole, in one call (one release of the GIL)."""
         return self._handle().read_many(list(paths))
 
+    def fetch_ahead(self, paths: Sequence[PathLike]) -> int:
+        """Fetches the files ``paths``, in this order, from object storage into the
+        node's copy of the archive, in the background, many requests at once, ahead of
+        the reads that will want them; every process of the job on the node then reads
+        them there. Replaces the order this process gave before. Returns how many files
+        it will fetch: none for a local archive or a compressed tar, which are read as
+        they are. ``archfs.torch.FetchAhead`` calls it with a DataLoader's order."""
+        native = self._handle()
+        return native.fetch_ahead(native.inodes(list(paths)))
+
     def open(self, path: PathLike, mode: str = "rb", buffering: int = -1):
         """A file in the archive as a binary file object (``read``, ``readinto``,
         ``seek``, ``tell``; buffered unless ``buffering=0``), as PIL and friends take.

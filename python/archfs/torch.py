@@ -12,10 +12,12 @@ opens the archive at its first sample (a forked one too). Needs torchvision and 
 (the ``archfs[torch]`` extra).
 """
 
+import copy
 import gc
 import io
 import os
 import random
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch.utils.data
@@ -27,7 +29,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from .partition import node_shares
 from .reader import Archive
 
-__all__ = ["DatasetFolder", "ImageFolder", "NodeSampler", "pil_loader"]
+__all__ = ["DatasetFolder", "FetchAhead", "ImageFolder", "NodeSampler", "pil_loader"]
 
 
 def pil_loader(f) -> Any:
@@ -177,6 +179,118 @@ class ImageFolder(DatasetFolder, _ImageFolder):
         )
         self.imgs = self.samples
 
+
+
+class FetchAhead(torch.utils.data.Sampler):
+    """A sampler that hands each epoch's order to the archive before the DataLoader asks
+    for it, so the files of an archive in object storage are fetched ahead of the
+    workers, many at once, into the node's copy, where every worker and rank of the node
+    reads them (``Archive.fetch_ahead``). In place of ``shuffle=True``, or around the
+    sampler the job uses::
+
+        loader = DataLoader(ds, batch_size=256, num_workers=8, sampler=FetchAhead(ds))
+        loader = DataLoader(ds, ..., sampler=FetchAhead(ds, DistributedSampler(ds)))
+        for epoch in range(epochs):
+            loader.sampler.set_epoch(epoch)
+
+    ``dataset`` is an ``archfs.torch`` one. Without ``sampler`` it draws a full shuffle
+    of the dataset from ``seed`` and the epoch (``shuffle=False``: in order). A sampler
+    with ``set_epoch`` (``DistributedSampler``, ``NodeSampler``) draws the same order for
+    the same epoch, so the next epoch's files are fetched once this one's are, and the
+    link does not idle between epochs; another sampler's order is fetched as it starts.
+    The order is what the sampler yields, unchanged. Such an order is handed over as
+    soon as it is known (when made, on ``set_epoch``), so fetching starts while the
+    DataLoader starts its workers. Without ``set_epoch`` its own shuffle draws a new
+    order each epoch, as ``shuffle=True`` does."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        sampler: Optional[torch.utils.data.Sampler] = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        archive = getattr(dataset, "archive", None)
+        if not isinstance(archive, Archive) or not hasattr(dataset, "samples"):
+            raise ValueError(
+                "FetchAhead takes an archfs.torch dataset (ImageFolder, DatasetFolder): it "
+                "fetches the files of the dataset's archive"
+            )
+        self.dataset, self.sampler = dataset, sampler
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self._inodes: Optional[List[int]] = None
+        self._handed, self._seq, self._lock = 0, 0, threading.Lock()
+        # The epoch's order, handed over before the DataLoader asked; whether an epoch
+        # was iterated since set_epoch (the next one then shuffles anew).
+        self._ready: Optional[Tuple[int, List[int]]] = None
+        self._iterated = False
+        self._early()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._iterated = epoch, False
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        self._early()
+
+    def _early(self) -> None:
+        """Hands this epoch's order over now, where the epoch alone draws it."""
+        if self.sampler is not None and not hasattr(self.sampler, "set_epoch"):
+            return
+        order = self._order(self.epoch, self.sampler)
+        self._ready = (self.epoch, order)
+        self._start(order + self._next())
+
+    def _start(self, both: List[int]) -> None:
+        # Off the caller's thread: finding 1.28 M files' inodes takes a second once.
+        self._seq += 1
+        threading.Thread(target=self._hand, args=(both, self._seq), name="archfs-fetch-ahead",
+                         daemon=True).start()
+
+    def _order(self, epoch: int, sampler: Any) -> List[int]:
+        if sampler is not None:
+            return list(iter(sampler))
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(n, generator=g).tolist()
+
+    def _next(self) -> List[int]:
+        """The next epoch's order, where the sampler draws it from the epoch alone."""
+        if self.sampler is None:
+            return self._order(self.epoch + 1, None)
+        if not hasattr(self.sampler, "set_epoch"):
+            return []
+        ahead = copy.copy(self.sampler)
+        ahead.set_epoch(self.epoch + 1)
+        return self._order(self.epoch + 1, ahead)
+
+    def _hand(self, order: List[int], seq: int) -> None:
+        native = self.dataset.archive._handle()
+        with self._lock:
+            if seq < self._handed:
+                return  # a later epoch's order was handed already
+            self._handed = seq
+            if self._inodes is None:
+                self._inodes = native.inodes([p for p, _ in self.dataset.samples])
+            inodes = self._inodes
+            native.fetch_ahead([inodes[i] for i in order])
+
+    def __iter__(self) -> Iterator[int]:
+        if self._iterated and self.sampler is None:
+            self.epoch += 1  # no set_epoch since the last epoch: the next order
+        self._iterated = True
+        ready, self._ready = self._ready, None
+        if ready is not None and ready[0] == self.epoch:
+            return iter(ready[1])
+        order = self._order(self.epoch, self.sampler)
+        self._start(order + self._next())
+        return iter(order)
+
+    def __len__(self) -> int:
+        return len(self.sampler) if self.sampler is not None else len(self.dataset)
 
 
 class NodeSampler(torch.utils.data.Sampler):

@@ -27,6 +27,12 @@ object once over the same link.
 (`archfs.open_archive`, `archfs.torch.ImageFolder`) beside the mount and the plain
 directory, at 10,000 and 1.28 M files.
 
+`--inproc-remote` is another (scripts/archbench/inproc_remote.py): in-process data loaders
+reading JPEGs from S3 over the emulated link, as a DataLoader with W workers: archfs.torch on
+a tar and a SquashFS object (with and without FetchAhead), an archfs mount, copy first,
+s3torchconnector, LitData (raw and optimized), WebDataset; images/s, first batch, bytes and
+requests on the link, peak memory.
+
 `--ranks` is another (scripts/archbench/ranks.py): a job's R ranks x W DataLoader workers
 on one node over one archive (local, s3://, copied first): bytes from storage, the node's
 peak memory, epochs against R = 1.
@@ -60,6 +66,7 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 #   remote     the --remote mode: s3:// URLs over an emulated network
 #   shards     the --shards mode: unions of WebDataset shards
 #   inproc     the --inproc mode: the in-process reader beside the mount
+#   inproc_remote  the --inproc-remote mode: in-process loaders from S3 beside their peers
 #   ranks      the --ranks mode: R ranks x W workers of one job on one node
 #   cli        the flags and the orchestration of a run
 

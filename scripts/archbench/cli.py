@@ -10,8 +10,8 @@ import signal
 import time
 
 from . import __doc__ as DOC
-from . import (SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, nodes, plots, ranks, remote, scale,
-               shards)
+from . import (SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, inproc_remote, nodes, plots, ranks,
+               remote, scale, shards)
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report, save
@@ -70,17 +70,21 @@ def parse_args(argv):
     remote.add_args(ap)
     shards.add_args(ap)
     inproc.add_args(ap)
+    inproc_remote.add_args(ap)
     ranks.add_args(ap)
     nodes.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
-    args.files = args.files or (1000 if args.remote or (args.nodes and args.quick) else
+    args.files = args.files or (10000 if args.inproc_remote else
+                                1000 if args.remote or (args.nodes and args.quick) else
                                 5000 if args.ranks or args.nodes else
                                 2000 if args.quick else 20000)
-    args.runs = args.runs or (1 if args.remote or args.shards or args.inproc else 3)
+    args.runs = args.runs or (1 if args.remote or args.shards or args.inproc or
+                              args.inproc_remote else 3)
     args.classes_given = args.classes
     args.classes = args.classes or max(10, args.files // 1000)
-    args.cap = args.cap or (30 if args.quick or args.remote else
+    args.cap = args.cap or (600 if args.inproc_remote else
+                            30 if args.quick or args.remote else
                             900 if args.scale or args.inproc else 300)
     args.lat_files = args.lat_files or (200 if args.quick else 500)
     args.readers = [int(x) for x in args.readers.split(",")]
@@ -90,7 +94,8 @@ def parse_args(argv):
         WORKTREE if os.path.isdir(WORKTREE) else os.path.dirname(os.path.dirname(SCRIPT)))
     args.workdir = os.path.abspath(args.workdir)
     args.out = os.path.abspath(args.out or os.path.join(
-        args.workdir, "remote-result.md" if args.remote else
+        args.workdir, "inproc-remote.md" if args.inproc_remote else
+        "remote-result.md" if args.remote else
         "shards-result.md" if args.shards else "result.md"))
     return args
 
@@ -116,6 +121,9 @@ def main(argv):
         raise SystemExit(128 + signum)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, on_signal)
+    if args.inproc_remote:
+        inproc_remote.main(args)
+        return
     if args.inproc:
         inproc.main(args)
         return

@@ -64,7 +64,9 @@ def build_dataset(args, ds):
     return src, manifest
 
 
-def build_artifacts(ds, src, classes, compressed=False):
+def build_artifacts(ds, src, classes, compressed=False, images=("gzip", "zstd")):
+    """data.tar, the SquashFS images of `images` (compressors) and, when asked, the
+    compressed tars of src, each made once and kept beside it; name -> path."""
     out = {}
     tar = os.path.join(ds, "data.tar")
     if not os.path.exists(tar + ".complete"):
@@ -73,7 +75,7 @@ def build_artifacts(ds, src, classes, compressed=False):
         sh(["tar", "-C", src, "--sort=name", "-cf", tar, *names], check=True)
         open(tar + ".complete", "w").close()
     out["tar"] = tar
-    for comp in ("gzip", "zstd"):
+    for comp in images:
         img = os.path.join(ds, f"{comp}.sqfs")
         if not os.path.exists(img + ".complete"):
             log(f"mksquashfs -comp {comp}")

@@ -1,6 +1,7 @@
 """The helper modes, each run as a separate process (`bench _read ...`): the readers, the stat
 walk, the torch server, the JPEG generator and ImageFolder's index (--scale)."""
 
+import importlib
 import json
 import math
 import multiprocessing
@@ -123,7 +124,8 @@ def helper_torch(argv):
     import torch
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
-    import PIL.Image  # noqa: F401  (ImageFolder's loader; imported before anything is timed)
+    # ImageFolder's loader, imported before anything is timed.
+    importlib.import_module("PIL.Image")
     torch.set_num_threads(1)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
@@ -264,6 +266,13 @@ def helper_remote(argv):
     helper(argv)
 
 
+def helper_inproc_remote(argv):
+    """_inproc_remote run|optimize ...: the --inproc-remote bench's helpers
+    (inproc_remote.py)."""
+    from .inproc_remote import helper
+    helper(argv)
+
+
 def helper_node(argv):
     """_node ...: one node of the --nodes bench's job (nodes.py)."""
     from .nodes import helper_node as node
@@ -280,4 +289,4 @@ HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
            "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
            "_remote": helper_remote, "_read_archive": helper_read_archive,
            "_imagefolder_archive": helper_imagefolder_archive, "_rank": helper_rank,
-           "_node": helper_node}
+           "_node": helper_node, "_inproc_remote": helper_inproc_remote}

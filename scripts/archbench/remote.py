@@ -97,6 +97,7 @@ WEED_STARTED = "All enabled components are running"
 WEED_GRACE = 5          # seconds between SIGTERM and SIGKILL (tests/common/s3.rs: TERM_GRACE)
 BATCH = 32              # files in the first batch
 READERS = 2             # reader processes of an epoch
+PUT_THREADS = 16        # PUTs in flight when uploading a tree of loose files
 TOOLS = ("copy first", "archfs", "archfs nopreload", "ratarmount", "rclone+archfs")
 
 # ---------------------------------------------------------------------------------------------
@@ -469,6 +470,15 @@ class S3Server:
             keys[name] = key
         return keys
 
+    def upload_tree(self, prefix, path):
+        """Every file under directory `path` as PREFIX/RELATIVE PATH, in parallel (a
+        dataset of loose files: one PUT each); returns the number of objects."""
+        t0 = time.time()
+        n = int(s3_client(["putdir", BUCKET, prefix, path], self.endpoint).split()[-1])
+        log(f"  uploaded {n} files under {prefix}/ ({tree_bytes(path) / 1e6:.0f} MB, "
+            f"{time.time() - t0:.1f} s, {PUT_THREADS} in flight)")
+        return n
+
     def unmount(self, force=False):
         """Stop (the name REG calls): SIGTERM to weed's group, SIGKILL after the grace."""
         if not self.proc:
@@ -504,13 +514,40 @@ def s3_client(argv, endpoint):
     return r.stdout
 
 
+def tree_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def put_tree(c, bucket, prefix, root):
+    """PUTs every file under root as PREFIX/RELATIVE PATH, PUT_THREADS at a time (a
+    dataset of loose files is one small PUT a file: one at a time, each waits for its
+    own round trips); checks that the listing holds them all, each of its size.
+    Returns how many."""
+    from concurrent.futures import ThreadPoolExecutor
+    files = {}
+    for d, _, names in os.walk(root):
+        for name in names:
+            p = os.path.join(d, name)
+            files[f"{prefix}/{os.path.relpath(p, root)}"] = p
+    with ThreadPoolExecutor(PUT_THREADS) as pool:
+        list(pool.map(lambda kv: c.upload_file(kv[1], bucket, kv[0]), files.items()))
+    listed = {}
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        listed.update((o["Key"], o["Size"]) for o in page.get("Contents", []))
+    wrong = [k for k, p in files.items() if listed.get(k) != os.path.getsize(p)]
+    if wrong:
+        raise SystemExit(f"{len(wrong)} of {len(files)} files not uploaded whole: {wrong[:3]}")
+    return len(files)
+
+
 def helper_s3(argv):
-    """_remote s3 wait SECS | mb BUCKET | put BUCKET KEY PATH: boto3, the independent
-    client, with the AWS_* variables the bench sets."""
+    """_remote s3 wait SECS | mb BUCKET | put BUCKET KEY PATH | putdir BUCKET PREFIX DIR:
+    boto3, the independent client, with the AWS_* variables the bench sets."""
     import boto3
     from botocore.config import Config
     c = boto3.client("s3", config=Config(s3={"addressing_style": "path"},
-                                         retries={"mode": "standard", "max_attempts": 5}))
+                                         retries={"mode": "standard", "max_attempts": 5},
+                                         max_pool_connections=PUT_THREADS))
     op, args = argv[0], argv[1:]
     if op == "wait":
         end = time.monotonic() + float(args[0])
@@ -529,6 +566,8 @@ def helper_s3(argv):
         size = c.head_object(Bucket=args[0], Key=args[1])["ContentLength"]
         if size != os.path.getsize(args[2]):
             raise SystemExit(f"uploaded {size} bytes of {os.path.getsize(args[2])}")
+    elif op == "putdir":
+        print(put_tree(c, args[0], args[1], args[2]))
 
 
 def aws_env(endpoint):
@@ -549,6 +588,17 @@ def helper(argv):
 # ---------------------------------------------------------------------------------------------
 # The tools: how each gets from a URL to a mounted tree
 # ---------------------------------------------------------------------------------------------
+
+
+def fresh_dir(tmp):
+    """`tmp` empty, after unmounting what a run that died left mounted under it."""
+    for mp in mounted_paths():
+        if mp.startswith(tmp + "/"):
+            log(f"stale mount {mp}: unmounting")
+            force_unmount(mp)
+    remove(tmp)
+    os.makedirs(tmp)
+    return tmp
 
 
 def remove(path):
@@ -1150,13 +1200,7 @@ def main(args):
     src, mpath = build_dataset(args, ds)
     paths = build_artifacts(ds, src, args.classes)
     manifest = read_manifest(mpath)
-    tmp = os.path.join(args.workdir, "remote")
-    for mp in mounted_paths():
-        if mp.startswith(tmp + "/"):
-            log(f"stale mount {mp}: unmounting")
-            force_unmount(mp)
-    remove(tmp)
-    os.makedirs(tmp)
+    tmp = fresh_dir(os.path.join(args.workdir, "remote"))
 
     net, server, uploaded = start_server(tmp, {f: paths[f] for f in formats})
     keys = {f: (uploaded[f], os.path.getsize(paths[f])) for f in formats}

@@ -53,7 +53,6 @@ report (stdout and --out) with its JSON beside it (report.save).
 
 import gzip
 import io
-import multiprocessing
 import os
 import random
 import shlex

@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub use union::Union;
 
 use crate::error::{Error, Result};
-use crate::source::Buf;
+use crate::source::{Buf, Source};
 
 /// The inode number of the archive's root directory (FUSE's root is 1 too).
 pub const ROOT_INO: u64 = 1;
@@ -94,6 +94,57 @@ impl Deref for Data {
     }
 }
 
+/// Fetches files `inos` of `archive`, in this order, into the node's copies of the
+/// objects they are stored in, in the background, in place of this process's last
+/// order ([`crate::source::fetch_ahead`]); the number of files it will fetch. Files not
+/// stored whole in an object's own bytes (a compressed tar's, a local archive's) are
+/// left to their reads.
+pub fn fetch_ahead(archive: &dyn Archive, inos: &[u64]) -> usize {
+    let mut spans = Vec::new();
+    let mut files = 0;
+    // The fill of the last source seen: a union's files come from many, one at a time.
+    let mut last: Option<(*const Source, Option<(crate::source::Fill, u64)>)> = None;
+    for &ino in inos {
+        let Some((source, ranges)) = archive.stored_in(ino) else {
+            continue;
+        };
+        let fill = match &last {
+            Some((s, fill)) if std::ptr::eq(*s, source) => fill.clone(),
+            _ => {
+                let fill = source.fill();
+                last = Some((source as *const Source, fill.clone()));
+                fill
+            }
+        };
+        let Some((fill, base)) = fill else {
+            continue;
+        };
+        files += 1;
+        spans.extend(
+            ranges
+                .into_iter()
+                .map(|r| (fill.clone(), base + r.start, r.end - r.start)),
+        );
+    }
+    // The tables first: every worker's lookups read them.
+    if let Some((fill, base)) = last.and_then(|(_, fill)| fill) {
+        // In GETs of a few MiB, side by side, each read as soon as it is there.
+        const PART: u64 = 4 << 20;
+        let tables = archive.tables().into_iter();
+        let tables: Vec<_> = tables
+            .flat_map(|r| {
+                (r.start..r.end)
+                    .step_by(PART as usize)
+                    .map(move |at| (at, r.end))
+            })
+            .map(|(at, end)| (fill.clone(), base + at, PART.min(end - at)))
+            .collect();
+        spans.splice(0..0, tables);
+    }
+    crate::source::fetch_ahead(spans);
+    files
+}
+
 /// A read-only archive: inode numbers are stable for the life of the object, and
 /// `ROOT_INO` is the root directory.
 pub trait Archive: Send + Sync {
@@ -149,6 +200,11 @@ pub trait Archive: Send + Sync {
     /// files holds. `None` where they do not lie in the archive's own bytes (a member of a
     /// compressed tar or of a nested archive, a sparse member, a union).
     fn stored(&self, _ino: u64) -> Option<Vec<Range<u64>>> {
+        None
+    }
+    /// [`Archive::stored`], with the source those ranges are of: for a union, the
+    /// member's. What [`fetch_ahead`] fetches.
+    fn stored_in(&self, _ino: u64) -> Option<(&Source, Vec<Range<u64>>)> {
         None
     }
     /// Whether file `ino` is read without fetching bytes the node does not hold: false

@@ -407,6 +407,14 @@ impl Archive for Union {
         a.read(i, offset, size)
     }
 
+    fn stored_in(&self, ino: u64) -> Option<(&crate::source::Source, Vec<std::ops::Range<u64>>)> {
+        if self.merged(ino).is_some() {
+            return None;
+        }
+        let (a, _, i) = self.untag(ino).ok()?;
+        a.stored_in(i)
+    }
+
     fn stored_at(&self, ino: u64, offset: u64, size: u32) -> Option<(BorrowedFd<'_>, u64, u32)> {
         if self.merged(ino).is_some() {
             return None;

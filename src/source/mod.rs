@@ -17,8 +17,9 @@ pub use buf::Buf;
 pub use file::tests::resident;
 pub use file::{advice_piece, will_need, LocalFile};
 pub use remote::{
-    is_url, list_prefix, merged, put_sidecar, read_from_files, remote_totals, CopyOf, CopyStatus,
-    NodeCopy, RemoteObject, RemoteOptions, Staging, SIDECAR,
+    fetch_ahead, fetched_ahead, is_url, list_prefix, merged, put_sidecar, read_from_files,
+    remote_totals, CopyOf, CopyStatus, Fill, NodeCopy, RemoteObject, RemoteOptions, Staging,
+    SIDECAR,
 };
 
 use crate::error::{Error, Result};
@@ -88,6 +89,17 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// kernel can splice from (a local file, a staged copy, a node's share of the files);
     /// `None` where those bytes must be read into this process.
     fn fd(&self, _at: u64, _len: u64) -> Option<(BorrowedFd<'_>, u64)> {
+        None
+    }
+    /// Whether reads are served from a node-local copy, made or being made, which will
+    /// hold every byte once: bytes stored as they are need then no second home in this
+    /// process (a block cache), even before [`fd`](Self::fd) finds them there.
+    fn in_node_copy(&self) -> bool {
+        false
+    }
+    /// The node's copy to fill in the order the job will read ([`fetch_ahead`]), placed
+    /// now if there is none: an object's. `None` where reads need nothing fetched ahead.
+    fn fill(&self) -> Option<Fill> {
         None
     }
     /// The same bytes through a handle of its own, so that a reader that moves through
@@ -240,6 +252,16 @@ impl Source {
     /// [`Storage::partial`].
     pub fn partial(&self) -> bool {
         self.store.partial()
+    }
+
+    /// [`Storage::fill`], and where this source starts in it.
+    pub fn fill(&self) -> Option<(Fill, u64)> {
+        Some((self.store.fill()?, self.base))
+    }
+
+    /// [`Storage::in_node_copy`].
+    pub fn in_node_copy(&self) -> bool {
+        self.store.in_node_copy()
     }
 
     /// [`Storage::copied`].

@@ -313,7 +313,7 @@ impl SquashFs {
             offset,
             buf,
             |at, n| self.stored_in(&layout, at, n),
-            |at, n| self.read_in(&layout, at, n),
+            |at, n| self.read_layout(&layout, at, n),
         )
     }
 
@@ -323,6 +323,15 @@ impl SquashFs {
         offset: u64,
         size: u32,
     ) -> Option<(BorrowedFd<'_>, u64, u32)> {
+        let (start, n) = self.raw_run(layout, offset, size)?;
+        let (fd, pos) = self.source.stored_at(start, n)?;
+        Some((fd, pos, n as u32))
+    }
+
+    /// Where the bytes from `offset` lie as they are in the image, up to `size`: the
+    /// start and length of the run of blocks stored uncompressed from the one holding
+    /// `offset`, or of the file's tail in a fragment stored uncompressed.
+    fn raw_run(&self, layout: &Layout, offset: u64, size: u32) -> Option<(u64, u64)> {
         if offset >= layout.size {
             return None;
         }
@@ -357,9 +366,7 @@ impl SquashFs {
                 _ => break,
             }
         }
-        let n = got.min(want);
-        let (fd, pos) = self.source.stored_at(start + within, n)?;
-        Some((fd, pos, n as u32))
+        Some((start + within, got.min(want)))
     }
 
     /// Where the file's bytes lie in the image as stored: its blocks (one run) and the
@@ -384,18 +391,32 @@ impl SquashFs {
 
     pub(super) fn read_file(&self, inode_ref: u64, offset: u64, size: u32) -> Result<Data> {
         let layout = self.layout(inode_ref)?;
-        // Bytes stored as they are in a file the kernel caches (a local image, the
-        // node's copy of a remote one) are read from there, not decoded into the block
-        // cache as well: eight mounts of one image on a node each held ~250 MB of it.
+        self.read_layout(&layout, offset, size)
+    }
+
+    /// Bytes stored as they are in a file the kernel caches (a local image, the node's
+    /// copy of a remote one, made or being made) are read from there, not decoded into
+    /// the block cache as well: eight mounts of one image on a node each held ~250 MB of
+    /// it, and while the copy was being made, a memory cgroup holding one copy and
+    /// eight mounts ran out.
+    fn read_layout(&self, layout: &Layout, offset: u64, size: u32) -> Result<Data> {
         let want = u64::from(size).min(layout.size.saturating_sub(offset));
-        if let Some((fd, pos, n)) = self.stored_in(&layout, offset, size) {
-            if u64::from(n) == want {
+        if let Some((start, n)) = self
+            .raw_run(layout, offset, size)
+            .filter(|&(_, n)| n == want)
+        {
+            let fd = self.source.stored_at(start, n);
+            if fd.is_some() || self.source.in_node_copy() {
                 let mut buf = Buf::take(n as usize);
-                crate::archive::path::read_fd(fd, pos, &mut buf)?;
+                match fd {
+                    Some((fd, pos)) => crate::archive::path::read_fd(fd, pos, &mut buf)?,
+                    // Waits for the copy to hold them, or brings them there.
+                    None => self.source.read_exact_at(start, &mut buf)?,
+                }
                 return Ok(Data::Owned(buf));
             }
         }
-        self.read_in(&layout, offset, size)
+        self.read_in(layout, offset, size)
     }
 
     fn read_in(&self, layout: &Layout, offset: u64, size: u32) -> Result<Data> {

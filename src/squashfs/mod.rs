@@ -231,6 +231,10 @@ impl Archive for SquashFs {
         self.stored_ranges(self.to_ref(ino)).ok()
     }
 
+    fn stored_in(&self, ino: u64) -> Option<(&Source, Vec<std::ops::Range<u64>>)> {
+        Some((&self.source, self.stored(ino)?))
+    }
+
     fn held(&self, ino: u64) -> bool {
         !self.source.partial()
             || self.stored(ino).is_none_or(|rs| {

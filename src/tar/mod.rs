@@ -492,6 +492,10 @@ impl Archive for TarArchive {
         }
     }
 
+    fn stored_in(&self, ino: u64) -> Option<(&Source, Vec<Range<u64>>)> {
+        Some((self.body.source(), self.stored(ino)?))
+    }
+
     fn held(&self, ino: u64) -> bool {
         let source = self.body.source();
         !source.partial()

@@ -44,6 +44,8 @@ class CountingProxy:
         self.lock = threading.Lock()
         self.started = time.monotonic()
         self.listener = socket.socket()
+        # Its connections too (they inherit it): a resume binds the port while they end.
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(256)
         self.port = self.listener.getsockname()[1]
@@ -54,6 +56,14 @@ class CountingProxy:
     @property
     def endpoint(self):
         return f"http://127.0.0.1:{self.port}"
+
+    def resume(self):
+        """The server is back, at the same address."""
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", self.port))
+        self.listener.listen(256)
+        threading.Thread(target=self._accept, daemon=True).start()
 
     def reset(self):
         with self.lock:
@@ -79,10 +89,12 @@ class CountingProxy:
             except OSError:
                 return
             self.open += [client, server]
+            pair = [client, server, 2]  # the pumps still using the two sockets
             for a, b, down in [(client, server, False), (server, client, True)]:
-                threading.Thread(target=self._pump, args=(a, b, down), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, down, pair),
+                                 daemon=True).start()
 
-    def _pump(self, src, dst, down):
+    def _pump(self, src, dst, down, pair):
         buf = bytearray(1 << 20)
         try:
             while True:
@@ -105,6 +117,16 @@ class CountingProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+            # The last pump of a connection closes it: a test's thousands of requests
+            # otherwise left pytest holding descriptors past select()'s 1024.
+            with self.lock:
+                pair[2] -= 1
+                last = pair[2] == 0
+                if last:
+                    self.open = [s for s in self.open if s is not src and s is not dst]
+            if last:
+                src.close()
+                dst.close()
 
 
 class MemoryCgroup:
@@ -268,6 +290,23 @@ def my_processes():
     return out
 
 
+def peak_rss(pids, *args):
+    """The peak resident memory (VmHWM) of each process among `pids` whose command line
+    has all of `args`."""
+    out = []
+    for pid in pids:
+        try:
+            have = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            if not all(a in have for a in args):
+                continue
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        out += [int(line.split()[1]) * 1024 for line in status.splitlines()
+                if line.startswith("VmHWM:")]
+    return out
+
+
 def scratch_dirs():
     """What copies might leave behind: /dev/shm and $TMPDIR's archfs entries."""
     left = set()
@@ -314,7 +353,10 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
     img, expected = make_image(tmp_path, SIZE, seed=1)
     size = img.stat().st_size
     url = upload(job, img, "one.sqfs")
-    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    # A store slower than the readers (~25 s for the copy): they read ahead of it, as
+    # from a busy object store. Mounts that kept what they read before the copy held it
+    # (their block caches) grew to ~100 MB each, and the OOM killer ended three.
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]), rate=40 * MiB)
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     # One copy and the processes' own memory (~25 MB each), smaller than two copies at
     # the default size.
@@ -349,6 +391,10 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
         assert rank.returncode == 0, f"in-process rank: {rank_out}"
         held = copies(cgroup.procs() if cgroup else my_processes())
         assert len(held) == 1, f"{len(held)} copies held on the node: {held}"
+        # No mount holds the bytes a second time: ~20 MB each, its cache 512 MiB.
+        peaks = peak_rss(cgroup.procs() if cgroup else my_processes(), "mount", url)
+        assert len(peaks) == 8, peaks
+        assert max(peaks) < 64 * MiB, f"mounts' peak memory: {[p // MiB for p in peaks]} MiB"
         sent = proxy.sent
         print(f"server sent {sent / MiB:.0f} MiB for a {size / MiB:.0f} MiB object "
               f"({sent / size:.3f}x)")
@@ -874,6 +920,251 @@ def test_a_node_sampler_stages_its_share_and_an_epoch_reads_it_there(job, tmp_pa
         assert p.stdout.readline().strip() == f"epoch {files} bad []", p.stderr.read()
         print(f"the epoch fetched {(proxy.sent - staged) / 1024:.0f} KiB")
         assert proxy.sent - staged < 64 << 10
+    finally:
+        p.stdin.close()
+        p.wait(timeout=DEADLINE)
+    assert p.returncode == 0, p.stderr.read()
+
+
+# A DataLoader over an archfs.torch dataset of the object with FetchAhead for sampler:
+# two epochs, each sample's crc32 against the file's; between them it waits for a line
+# on stdin (the test may stop the server then). A fifth argument opens the archive with
+# that preload.
+FETCH_AHEAD = r"""
+import json, operator, sys, zlib
+import torch
+from archfs import _native
+from archfs.torch import DatasetFolder, FetchAhead
+
+if __name__ == "__main__":
+    url, expected, ctx, persistent = sys.argv[1:5]
+    expected = sorted(json.load(open(expected)).values())
+    if len(sys.argv) > 5:
+        import archfs
+        url = archfs.open_archive(url, preload=sys.argv[5])
+    ds = DatasetFolder(url, loader=operator.methodcaller("read"), extensions=(".jpg",))
+    sampler = FetchAhead(ds)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, sampler=sampler, num_workers=3, multiprocessing_context=ctx,
+        persistent_workers=persistent == "1")
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = sorted(zlib.crc32(b) for files, _ in loader for b in files)
+        print(f"epoch {epoch} samples {len(got)} right {got == expected} "
+              f"fetched {_native.fetched()[1]}", flush=True)
+        sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("fmt,ctx,persistent", [("sqfs", "fork", "0"), ("tar", "spawn", "1")])
+def test_a_dataloader_fetches_its_order_ahead_into_the_node_copy(job, tmp_path, monkeypatch,
+                                                                 fmt, ctx, persistent):
+    """FetchAhead hands each epoch's order to the reader, which fetches the files into
+    the node's copy ahead of the workers: the first epoch takes the archive from the
+    server about once, in GETs of files (no whole pieces), and the second nothing (with
+    forked workers, the server stopped: every byte is read from the copy)."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    img, expected = make_image(tmp_path, 24 * MiB, seed=53)
+    if fmt == "tar":
+        src = tmp_path / "files"
+        subprocess.run(["unsquashfs", "-q", "-n", "-d", str(src), str(img)], check=True)
+        img = tmp_path / "data.tar"
+        subprocess.run(["tar", "-C", str(src), "-cf", str(img), "."], check=True)
+    size = img.stat().st_size
+    url = upload(job, img, f"ahead.{fmt}")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    if fmt == "tar":
+        # The index beside the object, as a user saves it once: no scan at open.
+        subprocess.run([find_archfs(), "index", url], check=True, capture_output=True)
+        proxy.reset()
+    p = subprocess.Popen([sys.executable, "-c", FETCH_AHEAD, url, str(expected), ctx, persistent],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    n = len(json.loads(expected.read_text()))
+    try:
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "0", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
+        first, ahead = proxy.sent, int(line[7])
+        print(f"{fmt}, {ctx} workers: epoch 1 fetched {first / MiB:.1f} MiB of "
+              f"{size / MiB:.1f} MiB ({first / size:.3f}x), {ahead / MiB:.1f} MiB of it by "
+              "the order")
+        assert first < 1.05 * size + MiB, f"fetched {first / size:.2f}x the archive"
+        assert ahead > 0, "the order fetched nothing"
+        if ctx == "fork":
+            proxy.stop()
+        p.stdin.write("\n")
+        p.stdin.flush()
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "1", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
+        print(f"epoch 2 fetched {(proxy.sent - first) / 1024:.0f} KiB")
+        assert proxy.sent - first < 64 << 10
+        p.stdin.write("\n")
+        p.stdin.flush()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=DEADLINE)
+    assert p.returncode == 0, p.stderr.read()
+
+
+def tar_with_index(job, tmp_path, monkeypatch, size, seed, key, rate=None):
+    """An ImageFolder-like tar of ~`size` bytes in the server, its index beside it (as a
+    user saves it once), read through a CountingProxy at `rate`: its URL, its size, the
+    crc32s of its files and the proxy, its count at 0."""
+    img, expected = make_image(tmp_path, size, seed=seed)
+    src = tmp_path / "files"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(src), str(img)], check=True)
+    tar = tmp_path / "data.tar"
+    subprocess.run(["tar", "-C", str(src), "-cf", str(tar), "."], check=True)
+    shutil.rmtree(src)
+    url = upload(job, tar, key)
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]), rate=rate)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    # Through the proxy: an index names the endpoint it was made from.
+    subprocess.run([find_archfs(), "index", url], check=True, capture_output=True)
+    proxy.reset()
+    return url, tar.stat().st_size, expected, proxy
+
+
+def test_an_ordered_fill_outlives_a_server_gone_for_a_while(job, tmp_path, monkeypatch):
+    """The server goes away mid-epoch while FetchAhead fills the copy in order (its
+    connections reset, new ones refused), then comes back: the epoch ends with every
+    file right, no worker hung, the next epoch from the copy."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    # Slow enough that the outage falls inside the first epoch (~4 s).
+    url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 32 * MiB, 54,
+                                                "gone.tar", rate=8 * MiB)
+    p = subprocess.Popen([sys.executable, "-c", FETCH_AHEAD, url, str(expected), "fork", "0"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    n = len(json.loads(expected.read_text()))
+    try:
+        assert wait_for(lambda: proxy.sent > size / 4), f"sent {proxy.sent}"
+        proxy.stop()
+        gone = proxy.sent
+        time.sleep(3)  # the outage: not a wait for an event
+        assert p.poll() is None, p.stderr.read()
+        proxy.resume()
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "0", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
+        print(f"stopped at {gone / size:.2f} of the object; epoch 1 fetched "
+              f"{proxy.sent / size:.3f}x")
+        assert proxy.sent < 1.25 * size, f"fetched {proxy.sent / size:.2f}x the archive"
+        sent = proxy.sent
+        p.stdin.write("\n")
+        p.stdin.flush()
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "1", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
+        assert proxy.sent - sent < 64 << 10, "epoch 2 fetched what the copy holds"
+        p.stdin.write("\n")
+        p.stdin.flush()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=DEADLINE)
+    err = p.stderr.read()
+    assert p.returncode == 0 and "panick" not in err, err
+
+
+def test_a_rank_killed_mid_epoch_leaves_the_other_reading_and_no_copy(job, tmp_path,
+                                                                       monkeypatch):
+    """Two ranks of a job fill the node's copy in their epochs' order (FetchAhead, forked
+    and spawned workers); one is SIGKILLed with its workers mid-epoch. The other's epoch
+    ends with every file right, fetching what the dead one had under way again; once it
+    ends too, no copy is held, nothing is left in /dev/shm or $TMPDIR, and (as root, in a
+    memory cgroup) the shared memory is back."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 64 * MiB, 55,
+                                                "ranks.tar", rate=16 * MiB)
+    # Room for the ranks' torch (~250 MB a process); the cgroup counts the shared memory.
+    cgroup = MemoryCgroup(4096 * MiB) if ROOT else None
+    shm_before = cgroup.shmem() if cgroup else 0
+    left_before = scratch_dirs()
+    n = len(json.loads(expected.read_text()))
+    ranks = []
+    try:
+        for ctx in ("fork", "spawn"):
+            ranks.append(subprocess.Popen(
+                [sys.executable, "-c", FETCH_AHEAD, url, str(expected), ctx, "0"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+                preexec_fn=cgroup.preexec if cgroup else None))
+        doomed, other = ranks
+        assert wait_for(lambda: proxy.sent > size / 4), f"sent {proxy.sent}"
+        assert doomed.poll() is None, doomed.stderr.read()
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=DEADLINE)
+        line = other.stdout.readline().split()
+        assert line[:6] == ["epoch", "0", "samples", str(n), "right", "True"], \
+            " ".join(line) + other.stderr.read()
+        print(f"the job fetched {proxy.sent / size:.3f}x the object")
+        assert proxy.sent < 1.5 * size, f"fetched {proxy.sent / size:.2f}x the archive"
+        sent = proxy.sent
+        for _ in range(2):
+            other.stdin.write("\n")
+            other.stdin.flush()
+        line = other.stdout.readline().split()
+        assert line[:6] == ["epoch", "1", "samples", str(n), "right", "True"], \
+            " ".join(line) + other.stderr.read()
+        # What the dead rank had under way is in the copy too, not fetched each epoch
+        # (its grains stayed under way for good, and every read of them waited 2 s).
+        assert proxy.sent - sent < 64 << 10, f"epoch 2 fetched {proxy.sent - sent} bytes"
+        other.stdin.close()
+        other.wait(timeout=DEADLINE)
+        assert other.returncode == 0, other.stderr.read()
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                os.killpg(r.pid, signal.SIGKILL)
+                r.wait()
+    assert wait_for(lambda: not copies(my_processes())), \
+        f"a copy outlived the job: {holders(my_processes())}"
+    assert scratch_dirs() == left_before
+    if cgroup:
+        try:
+            assert wait_for(lambda: cgroup.shmem() <= shm_before + MiB), \
+                f"shared memory left: {cgroup.shmem() - shm_before} bytes"
+            assert cgroup.oom_kills() == 0
+        finally:
+            cgroup.remove()
+
+
+def test_fetch_ahead_makes_no_copy_when_preload_is_never(job, tmp_path, monkeypatch):
+    """preload="never": FetchAhead's order fetches nothing ahead and makes no node copy;
+    the epoch reads the files by their own GETs, right."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 8 * MiB, 56,
+                                                "never.tar")
+    left_before = scratch_dirs()
+    p = subprocess.Popen(
+        [sys.executable, "-c", FETCH_AHEAD, url, str(expected), "fork", "0", "never"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    n = len(json.loads(expected.read_text()))
+    try:
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "0", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
+        assert copies([p.pid]) == set(), "a copy was made"
+        # The archive's first bytes, no file (~110 KiB each).
+        assert int(line[7]) < 64 << 10, f"this process fetched {line[7]} bytes ahead"
+        assert scratch_dirs() == left_before
+        assert proxy.sent < 1.1 * size + MiB, f"fetched {proxy.sent / size:.2f}x the archive"
+        p.stdin.write("\n\n")
+        p.stdin.flush()
+        line = p.stdout.readline().split()
+        assert line[:6] == ["epoch", "1", "samples", str(n), "right", "True"], \
+            " ".join(line) + p.stderr.read()
     finally:
         p.stdin.close()
         p.wait(timeout=DEADLINE)

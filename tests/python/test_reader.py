@@ -755,3 +755,48 @@ def test_node_sampler_keeps_each_node_on_its_share_and_shuffles_it(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(img)], capture_output=True,
                          text=True, env={**os.environ, **env}, timeout=120)
     assert out.stdout.split() == ["4", "2", "2", "1"], out.stderr
+
+
+def test_fetch_ahead_keeps_the_samplers_order_and_shuffles_every_epoch_anew(tmp_path):
+    """FetchAhead yields its sampler's order unchanged (DistributedSampler's, epoch by
+    epoch), and without one a full shuffle per epoch from its seed; on a local archive it
+    fetches nothing and reads as without it."""
+    torch_or_skip()
+    import torch.utils.data as tud
+    from archfs.torch import FetchAhead, ImageFolder
+
+    src = tmp_path / "classes"
+    for c in range(3):
+        (src / f"c{c}").mkdir(parents=True)
+        for i in range(20):
+            (src / f"c{c}" / f"{i:03d}.jpg").write_bytes(bytes([c, i]) * 9)
+    img = tmp_path / "classes.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(img), "-noappend", "-quiet", "-no-progress"],
+                   check=True)
+    ds = ImageFolder(str(img), loader=lambda f: f.read())
+    assert ds.archive.fetch_ahead([p for p, _ in ds.samples]) == 0, "a local file fetched"
+    inner = tud.DistributedSampler(ds, num_replicas=3, rank=1, seed=5)
+    plain = tud.DistributedSampler(ds, num_replicas=3, rank=1, seed=5)
+    ahead = FetchAhead(ds, inner)
+    assert len(ahead) == len(plain) == 20
+    for epoch in range(3):
+        ahead.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        assert list(ahead) == list(plain), f"epoch {epoch}"
+    own = FetchAhead(ds, seed=3)
+    orders = []
+    for epoch in range(3):
+        own.set_epoch(epoch)
+        orders.append(list(own))
+        assert sorted(orders[-1]) == list(range(len(ds)))
+    assert len({tuple(o) for o in orders}) == 3, "the same order in two epochs"
+    again = FetchAhead(ds, seed=3)
+    again.set_epoch(2)
+    assert list(again) == orders[2], "not drawn from the seed and the epoch"
+    unset = FetchAhead(ds, seed=3)
+    assert [list(unset) for _ in range(3)] == orders, "an epoch without set_epoch: not anew"
+    loader = tud.DataLoader(ds, batch_size=7, sampler=FetchAhead(ds, shuffle=False))
+    got = [b for batch, _ in loader for b in batch]
+    assert got == [(src / p).read_bytes() for p, _ in ds.samples]
+    with pytest.raises(ValueError, match="archfs.torch dataset"):
+        FetchAhead(list(range(5)))

@@ -27,7 +27,10 @@ use crate::cache::BlockCache;
 use crate::error::{Error, Result};
 use crate::per_process::PerProcess;
 pub use http::totals as remote_totals;
-pub use stage::{merged, read_from_files, CopyOf, FileCopies, NodeCopy, Status as CopyStatus};
+pub use stage::{
+    fetch_ahead, fetched_ahead, merged, read_from_files, CopyOf, FileCopies, Fill, NodeCopy,
+    Status as CopyStatus,
+};
 pub use url::is_url;
 use url::Location;
 
@@ -886,6 +889,24 @@ impl Storage for RemoteObject {
 
     fn partial(&self) -> bool {
         self.inner.share().is_some()
+    }
+
+    fn in_node_copy(&self) -> bool {
+        self.inner.stage().is_some()
+    }
+
+    /// Not where the node holds a share of the files (they are read there) or the whole
+    /// copy.
+    fn fill(&self) -> Option<stage::Fill> {
+        if self.inner.share().is_some() {
+            return None;
+        }
+        // `preload="never"`: an order makes no copy, but fills one another process made.
+        if self.inner.staging == Staging::Never && self.inner.stage().is_none() {
+            return None;
+        }
+        let stage = self.inner.stage.as_ref()?.ordered()?;
+        stage.copying().then(|| stage::Fill(stage))
     }
 
     fn held(&self, at: u64, len: u64) -> bool {

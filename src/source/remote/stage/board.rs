@@ -3,6 +3,11 @@
 //! copy, so each sees what any has copied, a reader in one process waits (on a futex in
 //! the board) for a piece another process is fetching, and the GETs of all processes
 //! together stay within a few.
+//!
+//! A copy filled file by file in the order a job will read ([`super::order`]) is marked
+//! by [`GRAIN`]s instead: two bits each, one for "in the copy" and one for "a GET of
+//! it is under way", so a reader waits for a file the order is fetching rather than
+//! fetching it a second time.
 
 use std::fs::File;
 use std::io;
@@ -10,7 +15,12 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"archfsB2");
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB4");
+
+/// What the copy filled file by file is marked by: a file's bytes are fetched rounded
+/// out to it, so a grain is never half in the copy (neighbouring files share one at
+/// most, fetched with the same bytes by either).
+pub const GRAIN: u64 = 4 << 10;
 
 #[repr(C)]
 struct Head {
@@ -27,11 +37,21 @@ struct Head {
     next: AtomicU64,
     /// Nonzero once the copy stopped on an error: readers fetch their own bytes.
     failed: AtomicU32,
+    /// Nonzero once a process fills the copy in the order its job reads: no process then
+    /// copies whole pieces, and a read of bytes not in the copy fetches just them.
+    ordered: AtomicU32,
     /// Bumped at every arrival; the futex readers wait on.
     arrivals: AtomicU32,
     /// The processes copying, one entry a GET under way: their pids, 0 when free.
     copiers: [AtomicU32; COPIERS],
+    /// The processes that took grains (a GET of them under way), 0 when free: a
+    /// grain's bit names no owner, so when one of them has ended, what is under way is
+    /// all let go ([`Board::free_grains_of_the_dead`]).
+    takers: [AtomicU32; TAKERS],
 }
+
+/// Processes of a node that fill one copy in order and are watched for their end.
+const TAKERS: usize = 32;
 
 /// GETs of one copy under way at once, for all processes of the node.
 pub const COPIERS: usize = 8;
@@ -79,6 +99,37 @@ impl Piece {
     }
 }
 
+/// Grains one process took for a GET ([`Board::take_grains`]): the bitmap words'
+/// bits, and the first grain and the end of them all.
+#[derive(Debug)]
+pub struct Grains {
+    words: Vec<(usize, u64)>,
+    pub first: u64,
+    pub end: u64,
+}
+
+impl Grains {
+    /// The runs of grains taken, `[first, end)` each, those less than `gap` grains apart
+    /// joined (a GET's round trip costs more than a few grains fetched again).
+    pub fn runs(&self, gap: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(w, mine) in &self.words {
+            let mut bits = mine;
+            while bits != 0 {
+                let from = u64::from(bits.trailing_zeros());
+                let len = u64::from((bits >> from).trailing_ones());
+                let (a, b) = (w as u64 * 64 + from, w as u64 * 64 + from + len);
+                match runs.last_mut() {
+                    Some(last) if a <= last.1 + gap => last.1 = b,
+                    _ => runs.push((a, b)),
+                }
+                bits &= !((u64::MAX >> (64 - len)) << from);
+            }
+        }
+        runs
+    }
+}
+
 /// A board mapped into this process.
 #[derive(Debug)]
 pub struct Board {
@@ -93,9 +144,14 @@ unsafe impl Sync for Board {}
 
 impl Board {
     /// The head, then three words a piece: its state, its bytes arrived, the first
-    /// piece of the GET that took it.
-    fn bytes(pieces: u64) -> usize {
-        std::mem::size_of::<Head>() + 24 * pieces as usize
+    /// piece of the GET that took it; then the grains' two bitmaps.
+    fn bytes(size: u64, pieces: u64) -> usize {
+        std::mem::size_of::<Head>() + 24 * pieces as usize + 16 * Self::words(size)
+    }
+
+    /// Words of one bitmap of grains.
+    fn words(size: u64) -> usize {
+        size.div_ceil(GRAIN).div_ceil(64) as usize
     }
 
     /// Where the board of a copy of `size` bytes starts: past the data, at a boundary of
@@ -106,13 +162,13 @@ impl Board {
 
     /// The length of the file holding a copy of `size` bytes in `pieces` and its board.
     pub fn file_len(size: u64, pieces: u64) -> u64 {
-        Self::start(size) + Self::bytes(pieces) as u64
+        Self::start(size) + Self::bytes(size, pieces) as u64
     }
 
     /// A new board in `file` (of [`Board::file_len`]), for a copy of `size` bytes in
     /// `pieces` pieces, all free.
     pub fn create(file: File, size: u64, pieces: u64, tag: u64) -> io::Result<Board> {
-        let len = Self::bytes(pieces);
+        let len = Self::bytes(size, pieces);
         let board = Board::map(file, Self::start(size), len)?;
         // SAFETY: a fresh mapping of `len` zeroed bytes, the head at its start, no other
         // process holding it yet.
@@ -140,7 +196,7 @@ impl Board {
         let board = Board::map(file, at, len)?;
         let h = board.head();
         // A share's copy has its spans past the board ([`super::spans`]).
-        if h.magic != MAGIC || h.size != size || Self::bytes(h.pieces) > len {
+        if h.magic != MAGIC || h.size != size || Self::bytes(size, h.pieces) > len {
             return Err(bad());
         }
         Ok(board)
@@ -248,6 +304,136 @@ impl Board {
         self.head().failed.load(Ordering::Acquire) != 0
     }
 
+    /// Whether a process fills the copy in the order its job reads.
+    pub fn ordered(&self) -> bool {
+        self.head().ordered.load(Ordering::Acquire) != 0
+    }
+
+    pub fn set_ordered(&self) {
+        self.head().ordered.store(1, Ordering::Release);
+    }
+
+    /// Word `w` of bitmap `map` (0: in the copy, 1: under way).
+    fn grains(&self, map: usize, w: usize) -> &AtomicU64 {
+        let at = std::mem::size_of::<Head>() + 24 * self.pieces() as usize;
+        let words = Self::words(self.head().size);
+        // SAFETY: the bitmaps follow the pieces' words, 8-byte aligned, within the
+        // mapping ([`Board::bytes`]).
+        unsafe { &*(self.base.add(at + 8 * (map * words + w)) as *const AtomicU64) }
+    }
+
+    /// The grains `[first, end)`, one bitmap word at a time: (word, mask of its bits).
+    fn grain_words(first: u64, end: u64) -> impl Iterator<Item = (usize, u64)> {
+        let mut g = first;
+        std::iter::from_fn(move || {
+            if g >= end {
+                return None;
+            }
+            let (w, bit) = ((g / 64) as usize, g % 64);
+            let n = (64 - bit).min(end - g);
+            g += n;
+            Some((w, (u64::MAX >> (64 - n)) << bit))
+        })
+    }
+
+    /// Whether every grain of `[first, end)` is in the copy.
+    pub fn grains_in(&self, first: u64, end: u64) -> bool {
+        Self::grain_words(first, end)
+            .all(|(w, mask)| self.grains(0, w).load(Ordering::Acquire) & mask == mask)
+    }
+
+    /// Marks the grains of `[first, end)` that are neither in the copy nor under way as
+    /// under way, for a GET of this process: the ones it took, or `None`.
+    pub fn take_grains(&self, first: u64, end: u64) -> Option<Grains> {
+        self.note_taker();
+        let mut taken = Grains {
+            words: Vec::new(),
+            first: u64::MAX,
+            end: 0,
+        };
+        for (w, mask) in Self::grain_words(first, end) {
+            let here = self.grains(0, w).load(Ordering::Acquire);
+            let want = mask & !here;
+            if want == 0 {
+                continue;
+            }
+            let mine = want & !self.grains(1, w).fetch_or(want, Ordering::AcqRel);
+            if mine != 0 {
+                let base = w as u64 * 64;
+                taken.first = taken.first.min(base + u64::from(mine.trailing_zeros()));
+                taken.end = taken.end.max(base + 64 - u64::from(mine.leading_zeros()));
+                taken.words.push((w, mine));
+            }
+        }
+        (!taken.words.is_empty()).then_some(taken)
+    }
+
+    /// The grains `taken` are in the copy (`landed`), or their GET failed and they are
+    /// free again; either way no longer under way.
+    pub fn put_grains(&self, taken: &Grains, landed: bool) {
+        for &(w, mine) in &taken.words {
+            if landed {
+                self.grains(0, w).fetch_or(mine, Ordering::AcqRel);
+            }
+            self.grains(1, w).fetch_and(!mine, Ordering::AcqRel);
+        }
+        self.wake();
+    }
+
+    /// Names this process among the grains' takers, once.
+    fn note_taker(&self) {
+        let me = std::process::id();
+        let takers = &self.head().takers;
+        if takers.iter().any(|t| t.load(Ordering::Acquire) == me) {
+            return;
+        }
+        // A slot free, or of a process that ended (its grains let go first).
+        for t in takers {
+            let held = t.load(Ordering::Acquire);
+            if held == 0
+                && t.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return;
+            }
+        }
+        if self.free_grains_of_the_dead() {
+            self.note_taker();
+        }
+    }
+
+    /// When a process that took grains has ended (SIGKILL, the OOM killer) with GETs
+    /// under way, their grains would stay under way for good and every read of them
+    /// wait: all grains under way are let go (a live taker's may then be fetched twice,
+    /// the same bytes). True when one had ended.
+    pub fn free_grains_of_the_dead(&self) -> bool {
+        let mut dead = false;
+        for t in &self.head().takers {
+            let held = t.load(Ordering::Acquire);
+            if held != 0
+                && !alive(held)
+                && t.compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                dead = true;
+            }
+        }
+        if dead {
+            for w in 0..Self::words(self.head().size) {
+                self.grains(1, w).store(0, Ordering::Release);
+            }
+            self.wake();
+        }
+        dead
+    }
+
+    /// Marks `[first, end)` in the copy: bytes a GET of another kind put there.
+    pub fn grains_landed(&self, first: u64, end: u64) {
+        for (w, mask) in Self::grain_words(first, end) {
+            self.grains(0, w).fetch_or(mask, Ordering::AcqRel);
+        }
+    }
+
     /// Takes a place among the copiers for process `pid`; false when all are taken by
     /// live processes (a place of one that ended is freed here).
     pub fn enter(&self, pid: u32) -> bool {
@@ -348,6 +534,41 @@ impl Drop for Board {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grains_are_taken_once_and_seen_by_every_mapping() {
+        let size = 1 << 20; // 256 grains, 4 bitmap words
+        let file = crate::source::scratch::memfd().unwrap();
+        file.set_len(Board::file_len(size, 1)).unwrap();
+        let a = Board::create(file, size, 1, 7).unwrap();
+        let b = Board::open(a.file().try_clone().unwrap(), size).unwrap();
+        assert!(!a.ordered());
+        b.set_ordered();
+        assert!(a.ordered());
+        // Grains 60..70 cross a word; another mapping cannot take them again.
+        let t = a.take_grains(60, 70).unwrap();
+        assert_eq!((t.first, t.end), (60, 70));
+        assert!(b.take_grains(60, 70).is_none());
+        // Its neighbours are free: only they are taken.
+        let u = b.take_grains(50, 80).unwrap();
+        assert_eq!((u.first, u.end), (50, 80));
+        assert!(!b.grains_in(50, 80));
+        a.put_grains(&t, true);
+        assert!(b.grains_in(60, 70) && !b.grains_in(59, 70));
+        // A failed GET frees its grains for the next taker.
+        b.put_grains(&u, false);
+        assert!(!a.grains_in(50, 60));
+        // Taken around grains already there: two runs, or one across a short gap.
+        let w = b.take_grains(40, 120).unwrap();
+        assert_eq!(w.runs(4), vec![(40, 60), (70, 120)]);
+        assert_eq!(w.runs(10), vec![(40, 120)]);
+        b.put_grains(&w, false);
+        let v = a.take_grains(0, 256).unwrap();
+        assert_eq!((v.first, v.end), (0, 256));
+        a.put_grains(&v, true);
+        assert!(b.grains_in(0, 256));
+        assert!(b.take_grains(0, 256).is_none());
+    }
 
     #[test]
     fn pieces_encode_and_a_second_mapping_sees_the_first() {

@@ -14,10 +14,12 @@
 mod board;
 mod hub;
 mod keep;
+mod order;
 mod place;
 mod share;
 mod spans;
 
+pub use order::{fetch_ahead, fetched_ahead, Fill};
 pub use share::{NodeCopy, Of as CopyOf, Status};
 pub use spans::merged;
 
@@ -34,7 +36,7 @@ use crate::sync::{Condvar, Mutex};
 
 use super::http::{Client, Target};
 use crate::per_process::{generation, PerProcess};
-use board::{Board, Piece};
+use board::{Board, Grains, Piece, GRAIN};
 
 /// What the copy marks as copied at once: a read of bytes in flight waits for their
 /// piece.
@@ -63,6 +65,9 @@ const STALL: Duration = Duration::from_millis(500);
 /// every node its 1/N of the files); a copy on each of N nodes reads N x once. At 16 a
 /// job of 13 epochs or more reads less with copies.
 const AUTO_NODES: u32 = 16;
+/// What a small read of a copy filled in order fetches around itself: SquashFS
+/// metadata blocks are read one after another (the chunk of a read without a copy).
+const SMALL_FILL: u64 = 128 << 10;
 /// Copying threads of this process, for all its copies.
 const WORKERS: usize = board::COPIERS;
 
@@ -533,6 +538,16 @@ impl Wanted {
         slot.is_some_and(|s| s.get().is_some())
     }
 
+    /// The node's copy to fill in the order the job reads, placed now unless some
+    /// process of the job on the node has: from now on no process copies whole pieces
+    /// of it ([`order`]).
+    pub fn ordered(&self) -> Option<Arc<Stage>> {
+        self.create(false);
+        let stage = self.unpooled()?;
+        stage.board.set_ordered();
+        Some(stage.clone())
+    }
+
     /// The copy, once this process has it; its free pieces are copied here too.
     pub fn stage(&self) -> Option<&Arc<Stage>> {
         let stage = self.unpooled()?;
@@ -713,7 +728,7 @@ impl Stage {
         let mut p = self.board.next().load(Ordering::Acquire);
         let mut swept = false;
         loop {
-            if self.board.failed() {
+            if self.board.failed() || self.board.ordered() {
                 return None;
             }
             if p >= pieces {
@@ -780,6 +795,9 @@ impl Stage {
         {
             return; // freed as orphaned meanwhile and taken again: the other counts it
         }
+        let at = p * PIECE;
+        self.board
+            .grains_landed(at / GRAIN, (at + len).div_ceil(GRAIN));
         let left = self.board.left().fetch_sub(1, Ordering::AcqRel) - 1;
         self.board.wake();
         if let Some(b) = &self.bar {
@@ -835,7 +853,10 @@ impl Stage {
             Piece::Arriving(_) => short(p) == 0,
             _ => false,
         };
-        if !(first..=last).all(staged) {
+        if !(first..=last).all(staged) && !board.grains_in(pos / GRAIN, end.div_ceil(GRAIN)) {
+            if board.ordered() {
+                return self.fill_for(pos, buf);
+            }
             // Pieces no GET has taken are copied here, whole, and read from the copy:
             // every byte the node fetches goes into it once.
             let pieces = last - first + 1;
@@ -895,10 +916,93 @@ impl Stage {
         if len == 0 || pos + len > self.object.size {
             return None;
         }
-        let (first, last) = (pos / PIECE, (pos + len - 1) / PIECE);
-        (first..=last)
-            .all(|p| self.board.piece(p) == Piece::Copied)
-            .then(|| self.file().as_fd())
+        self.has(pos, len).then(|| self.file().as_fd())
+    }
+
+    /// Whether `[pos, pos + len)` is in the copy.
+    fn has(&self, pos: u64, len: u64) -> bool {
+        let end = pos + len;
+        let (first, last) = (pos / PIECE, (end - 1) / PIECE);
+        (first..=last).all(|p| self.board.piece(p) == Piece::Copied)
+            || self.board.grains_in(pos / GRAIN, end.div_ceil(GRAIN))
+    }
+
+    /// A read of a copy filled in order: the bytes once the order (or another reader)
+    /// has them there, else fetched into the copy here, the grains around them (a small
+    /// read, of tables or headers, the [`SMALL_FILL`] around it: its neighbours are read
+    /// next). Waits for bytes under way at most [`STALL`] x 4 (their GET may have ended
+    /// with its process), then fetches its own.
+    fn fill_for(&self, pos: u64, buf: &mut [u8]) -> std::io::Result<Found> {
+        let board = &self.board;
+        let end = pos + buf.len() as u64;
+        let (first, last) = (pos / GRAIN, end.div_ceil(GRAIN));
+        let (from, to) = if end - pos < SMALL_FILL / 2 {
+            let from = pos - pos % SMALL_FILL;
+            (from / GRAIN, (from + SMALL_FILL).max(end).div_ceil(GRAIN))
+        } else {
+            (first, last)
+        };
+        let to = to.min(self.object.size.div_ceil(GRAIN));
+        let since = Instant::now();
+        loop {
+            let seen = board.arrivals();
+            if board.grains_in(first, last) {
+                self.file().read_exact_at(buf, pos)?;
+                return Ok(Found::Read);
+            }
+            if let Some(taken) = board.take_grains(from, to) {
+                if !self.fill(&taken) {
+                    return Ok(Found::Fetch);
+                }
+                continue;
+            }
+            // Under way, yet nothing came for a while: their taker may have ended with
+            // them (they are let go then; asked only then, not at every wait).
+            if since.elapsed() > STALL && board.free_grains_of_the_dead() {
+                continue;
+            }
+            if since.elapsed() > 4 * STALL {
+                return Ok(Found::Fetch);
+            }
+            board.wait(seen, Duration::from_millis(100));
+        }
+    }
+
+    /// Fetches the grains `taken` into the copy, a GET a run of them, and marks them
+    /// there (or free again when a GET failed); whole pieces they complete are marked
+    /// copied.
+    fn fill(&self, taken: &Grains) -> bool {
+        let size = self.object.size;
+        let at = taken.first * GRAIN;
+        let len = (taken.end * GRAIN).min(size) - at;
+        // Around grains already there (a block of the order's), one GET a run.
+        let got = taken.runs(16).into_iter().try_for_each(|(first, end)| {
+            let from = first * GRAIN;
+            let n = (end * GRAIN).min(size) - from;
+            order::FETCHED.fetch_add(n, Ordering::Relaxed);
+            self.object.fetch((from, n), |pos, bytes| {
+                self.file()
+                    .write_all_at(bytes, pos)
+                    .map_err(|e| format!("writing the node-local copy: {e}"))
+            })
+        });
+        self.board.put_grains(taken, got.is_ok());
+        if let Err(e) = &got {
+            tracing::warn!("{}: {e}", self.object.name);
+            return false;
+        }
+        let me = Piece::Arriving(Self::me());
+        for p in at / PIECE..=(at + len - 1) / PIECE {
+            let from = p * PIECE;
+            let to = (from + PIECE).min(size);
+            if self.board.piece(p) == Piece::Free
+                && self.board.grains_in(from / GRAIN, to.div_ceil(GRAIN))
+                && self.board.swap(p, Piece::Free, me)
+            {
+                self.landed(p, to - from);
+            }
+        }
+        true
     }
 
     /// Where `[pos, pos + len)` of the object is in this copy of a share of its files,
