@@ -93,7 +93,7 @@ import traceback
 
 from . import SCRIPT, VENV, VPY
 from .corpus import build_artifacts, build_dataset, read_manifest
-from .deps import venv_has
+from .deps import ensure_venv, venv_has
 from .inproc import install_wheel
 from .ranks import JobCgroup
 from .remote import (BUCKET, REGION, S3_VENV, SLOTS, RemoteBench, delta, fresh_dir,
@@ -111,9 +111,9 @@ MIN_SHARDS = 8          # split_by_worker leaves a worker without shards below W
 SHUFFLE_BUFFER = 1000   # WebDataset's .shuffle(1000)
 LITDATA_CHUNK = "64MB"
 # The bench venv's packages each tool imports (pip names), installed when missing; zstd
-# is LitData's raw index codec, s3fs its listing.
+# is LitData's raw index codec, s3fs its listing, awscli copy first's `aws s3 cp`.
 PEERS = {"s3torchconnector": "s3torchconnector", "litdata": "litdata", "zstd": "zstd",
-         "s3fs": "s3fs", "webdataset": "webdataset"}
+         "s3fs": "s3fs", "webdataset": "webdataset", "awscli": "awscli"}
 
 # ---------------------------------------------------------------------------------------------
 # Flags
@@ -232,7 +232,6 @@ def ensure_peers():
         log(f"pip install {' '.join(missing)} (bench venv)")
         subprocess.run([VPY, "-m", "pip", "install", "-q", *missing])
     for exe, why in ((os.path.join(S3_VENV, "bin", "weed"), "run scripts/setup"),
-                     (os.path.join(VENV, "bin", "aws"), "pip install awscli (bench venv)"),
                      ("/usr/bin/curl", "apt-get install curl")):
         if not os.path.exists(exe):
             raise SystemExit(f"{exe} missing: {why}")
@@ -978,6 +977,10 @@ def sidecar_index(archfs_bin, tmp):
 
 def main(args):
     resolve(args)
+    # A fresh machine has no bench venv yet: every tool here is a DataLoader.
+    torch_ok, why = ensure_venv(args)
+    if not torch_ok:
+        raise SystemExit(f"--inproc-remote needs torch in the bench venv: {why}")
     ensure_peers()
     notes = wheel(args)
     archfs_bin = args.archfs or os.path.join(VENV, "bin", "archfs")
