@@ -184,11 +184,14 @@ impl Archive {
 
     /// Each of `paths` whole, in one call: the GIL released twice for all of them (to
     /// find them and read the small ones, then to read the large ones into their
-    /// `bytes`).
+    /// `bytes`), the large ones by `threads` threads at once (bytes of a remote archive
+    /// not yet on the node then come in as many GETs at a time).
+    #[pyo3(signature = (paths, threads=1))]
     fn read_many<'py>(
         &self,
         py: Python<'py>,
         paths: Vec<Name>,
+        threads: usize,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let (a, dirs) = (self.archive(), &self.dirs);
         let found = py.detach(|| {
@@ -222,13 +225,8 @@ impl Archive {
                 .iter()
                 .map(|&(i, ino, len)| (unsafe { bytes_buffer(&out[i], len) }, ino, i))
                 .collect();
-            py.detach(|| {
-                for (buf, ino, i) in &mut bufs {
-                    read_all(a, *ino, 0, buf).map_err(|e| (e, *i))?;
-                }
-                Ok(())
-            })
-            .map_err(|(e, i): (Error, usize)| to_py(e, &paths[i].0))?;
+            py.detach(|| read_all_of(a, &mut bufs, threads))
+                .map_err(|(e, i): (Error, usize)| to_py(e, &paths[i].0))?;
         }
         Ok(out)
     }
@@ -469,6 +467,31 @@ fn read_all(a: &dyn Reader, ino: u64, offset: u64, buf: &mut [u8]) -> archfs::er
         )));
     }
     Ok(())
+}
+
+/// Fills each `(buf, ino, i)` of `bufs` with file `ino`, `threads` at a time; the first
+/// error met, with its `i`.
+fn read_all_of(
+    a: &dyn Reader,
+    bufs: &mut [(&mut [u8], u64, usize)],
+    threads: usize,
+) -> Result<(), (Error, usize)> {
+    let one = |(buf, ino, i): &mut (&mut [u8], u64, usize)| {
+        read_all(a, *ino, 0, buf).map_err(|e| (e, *i))
+    };
+    let threads = threads.clamp(1, bufs.len().max(1));
+    if threads == 1 {
+        return bufs.iter_mut().try_for_each(one);
+    }
+    let per = bufs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = bufs
+            .chunks_mut(per)
+            .map(|part| s.spawn(move || part.iter_mut().try_for_each(one)))
+            .collect();
+        runs.into_iter()
+            .try_for_each(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
 }
 
 /// Why [`filled`] failed: the read, or Python (no memory for the object).

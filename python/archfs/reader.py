@@ -192,9 +192,11 @@ class Archive:
             native = self._handle()
         return native.read(path, offset, size)
 
-    def read_many(self, paths: Sequence[PathLike]) -> List[bytes]:
-        """Several files whole, in one call (one release of the GIL)."""
-        return self._handle().read_many(list(paths))
+    def read_many(self, paths: Sequence[PathLike], threads: int = 1) -> List[bytes]:
+        """Several files whole, in one call (one release of the GIL), ``threads`` of
+        them read at once: from object storage, bytes not yet on the node are then
+        fetched that many at a time."""
+        return self._handle().read_many(list(paths), threads)
 
     def fetch_ahead(self, paths: Sequence[PathLike]) -> int:
         """Fetches the files ``paths``, in this order, from object storage into the

@@ -243,6 +243,7 @@ def test_read_many_partial_reads_scandir_walk_and_files(made, tree):
     a = archfs.open_archive(path)
     names = [f"train/cat/{i}.jpg" for i in range(30)]
     assert a.read_many(names) == [(tree / n).read_bytes() for n in names]
+    assert a.read_many(names, threads=4) == [(tree / n).read_bytes() for n in names]
     whole = (tree / "big.bin").read_bytes()
     assert a.read("big.bin", 1 << 20, 100_000) == whole[1 << 20:(1 << 20) + 100_000]
     assert a.read("big.bin", len(whole) - 3, 100) == whole[-3:]
@@ -363,6 +364,7 @@ def test_a_file_cut_short_under_an_open_archive_gives_eio_naming_it(tmp_path, tr
     for call in (lambda: a.read("big.bin"),
                  lambda: a.read("big.bin", 1 << 20, 1 << 20),
                  lambda: a.read_many(small + ["big.bin"]),
+                 lambda: a.read_many(["big.bin"] + small, threads=2),
                  lambda: a.open("big.bin").read()):
         with pytest.raises(OSError) as e:
             call()
@@ -542,6 +544,21 @@ def test_imagefolder_equals_torchvisions_on_a_mount_under_every_start_method(tmp
             assert len(got) == len(want), method
             for (gx, gy), (wx, wy) in zip(got, want):
                 assert gy == wy and torch.equal(gx, wx), method
+        # Batches: the DataLoader asks __getitems__, which reads a batch's files in one
+        # call; a subclass's own __getitem__ is still what it gets.
+        batched = torch.utils.data.DataLoader(ours, batch_size=3, num_workers=2,
+                                              collate_fn=list)
+        got = [(x, int(y)) for batch in batched for x, y in batch]
+        assert len(got) == len(want)
+        assert all(gy == wy and torch.equal(gx, wx) for (gx, gy), (wx, wy) in zip(got, want))
+
+        class Marked(ImageFolder):
+            def __getitem__(self, i):
+                x, y = super().__getitem__(i)
+                return x, y + 100
+        marked = Marked(archive, transform=ToTensor()).__getitems__([2, 0])
+        assert [y for _, y in marked] == [want[2][1] + 100, want[0][1] + 100]
+        assert torch.equal(marked[0][0], want[2][0])
 
 
 def test_datasetfolder_takes_loaders_filters_and_roots_inside_the_archive(tmp_path):
