@@ -53,8 +53,12 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 """
 
 # The package behind scripts/bench (the command: it puts scripts/ on sys.path and calls main
-# below). One module per role; a new benchmark is a module of its own beside these:
-#   helpers    the helper modes, each run as a separate process (`bench _read ...`)
+# below). One module per role; a new benchmark is a module of its own beside these. Each
+# imports only modules above it in this list, never one below (no circle):
+#   constants  where things are (the command, the venv), the helper modes' names
+#   stats      the one median, how a table sums up a metric's runs, percentiles
+#   helpers    the helper modes that need none of the rest, each run as a separate process
+#              (`bench _read ...`)
 #   system     logging and commands, caches and memory, /proc, mounts, the cleanup registry
 #   deps       the peers' Debian packages and the bench venv
 #   corpus     the dataset tree, its manifest and the archives packed from it
@@ -63,30 +67,40 @@ Progress goes to stderr; the markdown report to stdout and to --out.
 #   report     the markdown report
 #   plots      the PNG plots (matplotlib, in the bench venv)
 #   scale      the --scale mode
-#   remote     the --remote mode: s3:// URLs over an emulated network
-#   shards     the --shards mode: unions of WebDataset shards
 #   inproc     the --inproc mode: the in-process reader beside the mount
-#   inproc_remote  the --inproc-remote mode: in-process loaders from S3 beside their peers
+#   remote     the --remote mode: s3:// URLs over an emulated network
 #   ranks      the --ranks mode: R ranks x W workers of one job on one node
+#   nodes      the --nodes mode: one job's nodes sharing one copy of an archive
+#   inproc_remote  the --inproc-remote mode: in-process loaders from S3 beside their peers
+#   shards     the --shards mode: unions of WebDataset shards
 #   cli        the flags and the orchestration of a run
+# and this file, which starts a helper mode or a run.
 
-import os
-
-# The command helper processes are started as (`bench _read ...`): scripts/bench.
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-VENV = os.path.expanduser("~/.cache/archfs-bench/venv")
-VPY = os.path.join(VENV, "bin", "python")
-WORKTREE = "/tmp/archfs-bench-wt"
-TARGET_DIR = "/tmp/archfs-bench-target"
-MIB = 1 << 20
+from .constants import HELPER_MODES
 
 
 def main(argv):
     """scripts/bench ARGV: a helper mode (its name first, before any argument parsing), else
-    a benchmark run. A helper process imports the helpers alone."""
-    from .helpers import HELPERS
-    if argv and argv[0] in HELPERS:
-        HELPERS[argv[0]](argv[1:])
+    a benchmark run. A helper process imports its mode's module alone."""
+    if argv and argv[0] in HELPER_MODES:
+        helper(argv[0])(argv[1:])
         return
     from . import cli
-    cli.run(argv)
+    cli.run(argv, __doc__)
+
+
+def helper(mode):
+    """The function that runs helper MODE (one of constants.HELPER_MODES), from the module of
+    the benchmark it serves."""
+    if mode == "_remote":
+        from .remote import helper as run
+    elif mode == "_inproc_remote":
+        from .inproc_remote import helper as run
+    elif mode == "_node":
+        from .nodes import helper_node as run
+    elif mode == "_rank":
+        from .ranks import helper_rank as run
+    else:
+        from .helpers import HELPERS
+        run = HELPERS[mode]
+    return run

@@ -9,9 +9,8 @@ import shutil
 import signal
 import time
 
-from . import __doc__ as DOC
-from . import (SCRIPT, TARGET_DIR, VENV, WORKTREE, inproc, inproc_remote, nodes, plots, ranks,
-               remote, scale, shards)
+from . import inproc, inproc_remote, nodes, plots, ranks, remote, scale, shards
+from .constants import SCRIPT, TARGET_DIR, VENV, WORKTREE
 from .corpus import COMPRESSED_TARS, build_artifacts, build_dataset, read_manifest
 from .deps import ensure_debian_peers, ensure_venv
 from .report import machine_info, report, save
@@ -26,10 +25,11 @@ from .workloads import Bench
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=DOC.split("\n\n")[0],
+def parse_args(argv, usage):
+    """The flags; USAGE (the package's docstring) is --help's text."""
+    ap = argparse.ArgumentParser(description=usage.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=DOC.split("\n\n", 1)[1])
+                                 epilog=usage.split("\n\n", 1)[1])
     ap.add_argument("--files", type=int, help="number of files (default 20000; --quick: 2000)")
     ap.add_argument("--classes", type=int, help="class directories (default: files / 1000, at least 10)")
     ap.add_argument("--quick", action="store_true", help="2,000 files, 30 s cap, 200 latency samples")
@@ -100,8 +100,8 @@ def parse_args(argv):
     return args
 
 
-def main(argv):
-    args = parse_args(argv)
+def main(argv, usage):
+    args = parse_args(argv, usage)
     if os.geteuid() != 0:
         raise SystemExit("run as root: cold runs need /proc/sys/vm/drop_caches, the kernel "
                          "driver needs mount -o loop")
@@ -259,9 +259,10 @@ def main(argv):
     log(f"wrote {args.out} in {time.time() - T_START:.0f} s")
 
 
-def run(argv):
-    """A benchmark run; everything mounted or started is undone on the way out."""
+def run(argv, usage):
+    """A benchmark run; everything mounted or started is undone on the way out. USAGE is
+    --help's text."""
     try:
-        main(argv)
+        main(argv, usage)
     finally:
         REG.cleanup()

@@ -9,7 +9,7 @@ import shlex
 import shutil
 import subprocess
 
-from . import MIB, SCRIPT, VPY
+from .constants import MIB, SCRIPT, VPY
 from .system import log, sh
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from . import VENV, VPY
+from .constants import VENV, VPY
 from .system import log, sh, sh_out
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from . import MIB
+from .constants import MIB
 
 # ---------------------------------------------------------------------------------------------
 # Helper modes: run as separate processes (`bench _read ...`), before any argument parsing.
@@ -260,33 +260,8 @@ def helper_imagefolder_archive(argv):
     print(json.dumps({"index_s": time.perf_counter() - t0, "images": n}))
 
 
-def helper_remote(argv):
-    """_remote relay|s3 ...: the --remote bench's helpers (remote.py)."""
-    from .remote import helper
-    helper(argv)
-
-
-def helper_inproc_remote(argv):
-    """_inproc_remote run|optimize ...: the --inproc-remote bench's helpers
-    (inproc_remote.py)."""
-    from .inproc_remote import helper
-    helper(argv)
-
-
-def helper_node(argv):
-    """_node ...: one node of the --nodes bench's job (nodes.py)."""
-    from .nodes import helper_node as node
-    node(argv)
-
-
-def helper_rank(argv):
-    """_rank ...: one rank of the --ranks bench's job (ranks.py)."""
-    from .ranks import helper_rank as rank
-    rank(argv)
-
-
+# The modes above by name; the other helper modes are their benchmarks' own (archbench.helper).
 HELPERS = {"_read": helper_read, "_stat": helper_stat, "_torch": helper_torch,
            "_genjpeg": helper_genjpeg, "_imagefolder": helper_imagefolder,
-           "_remote": helper_remote, "_read_archive": helper_read_archive,
-           "_imagefolder_archive": helper_imagefolder_archive, "_rank": helper_rank,
-           "_node": helper_node, "_inproc_remote": helper_inproc_remote}
+           "_read_archive": helper_read_archive,
+           "_imagefolder_archive": helper_imagefolder_archive}

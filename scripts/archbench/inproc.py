@@ -27,10 +27,11 @@ import subprocess
 import sys
 import time
 
-from . import SCRIPT, VPY
+from .constants import SCRIPT, VPY
 from .corpus import read_manifest
 from .deps import ensure_venv
-from .scale import Scale, argparse_ns_no_torch, classes_for, fmt, med, table
+from .scale import Scale, argparse_ns_no_torch, classes_for, fmt, table
+from .stats import median_or_last
 from .system import Failed, Timeout, drop_caches, log
 from .workloads import read_pass, run_group
 
@@ -167,17 +168,17 @@ def report(b, args):
         names = list(tools)
         rows = []
         for m in metrics:
-            rows.append([m] + [fmt(med(tools[t].get(m, []))) for t in names])
+            rows.append([m] + [fmt(median_or_last(tools[t].get(m, []))) for t in names])
         lines += [f"## {section}", "", table(["seconds"] + names, rows), ""]
         base = tools.get("plain dir", {})
         ratio_rows = []
         for m in metrics:
             if m.startswith("open"):
                 continue
-            pv = med(base.get(m, []))
+            pv = median_or_last(base.get(m, []))
             row = [m]
             for t in names:
-                v = med(tools[t].get(m, []))
+                v = median_or_last(tools[t].get(m, []))
                 row.append(f"{v / pv:.2f}x" if isinstance(v, float) and isinstance(pv, float)
                            and pv > 0 else "-")
             ratio_rows.append(row)

@@ -91,7 +91,7 @@ import threading
 import time
 import traceback
 
-from . import SCRIPT, VENV, VPY
+from .constants import SCRIPT, VENV, VPY
 from .corpus import build_artifacts, build_dataset, read_manifest
 from .deps import ensure_venv, venv_has
 from .inproc import install_wheel

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from . import SCRIPT, VPY
+from .constants import SCRIPT, VPY
 from .corpus import write_list, zstd_image
 from .inproc import install_wheel
 from .ranks import in_workers

@@ -41,17 +41,17 @@ import os
 import random
 import select
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
 
-from . import SCRIPT, VPY
+from .constants import SCRIPT, VPY
 from .corpus import write_list, zstd_image
 from .inproc import install_wheel
 from .remote import BUCKET, delta, ensure_deps, parse_links, remove, start_server
 from .report import save
+from .stats import median
 from .system import REG, Failed, Timeout, log, sh
 
 SOURCES = ("local", "s3", "copy first")
@@ -411,7 +411,7 @@ class RanksBench:
                     row["open_s"] = max(o["open_s"] for o in outs)
             job.finish()
             row["first_s"] = row["epochs_s"][0] + copy_s
-            row["later_s"] = statistics.median(row["epochs_s"][1:])
+            row["later_s"] = median(row["epochs_s"][1:])
             # The ranks are gone: so must be their mounts, workers and the node's copy.
             end = time.time() + 60
             while cg.procs() and time.time() < end:

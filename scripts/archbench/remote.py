@@ -61,19 +61,19 @@ import random
 import select
 import shutil
 import signal
-import statistics
 import struct
 import subprocess
 import sys
 import threading
 import time
 
-from . import SCRIPT, VENV, VPY
+from .constants import SCRIPT, VENV, VPY
 from .corpus import build_artifacts, build_dataset, read_manifest, write_list
 from .deps import ensure_venv, venv_has
 from .system import (REG, Failed, Timeout, force_unmount, log, mounted_paths, proc_cmdline,
                      proc_stats, sh, sh_out)
 from .report import save
+from .stats import median_or_failure
 from .tools import Archfs, Ratarmount, Target, find_archfs
 from .workloads import read_pass
 
@@ -945,14 +945,6 @@ class RemoteBench:
 # ---------------------------------------------------------------------------------------------
 
 
-def med(vals):
-    if not vals:
-        return None
-    nums = [v for v in vals if isinstance(v, (int, float))]
-    return statistics.median(nums) if len(nums) == len(vals) else \
-        next(v for v in vals if not isinstance(v, (int, float)))
-
-
 def fmt_s(v, cap=None):
     if v is None:
         return "—"
@@ -962,8 +954,8 @@ def fmt_s(v, cap=None):
 
 
 def fmt_io(r, prefix):
-    g, mb = med(r.get(f"{prefix}_gets")), med(r.get(f"{prefix}_mb"))
-    c = med(r.get(f"{prefix}_connections"))
+    g, mb, c = (median_or_failure(r.get(f"{prefix}_{m}"))
+                for m in ("gets", "mb", "connections"))
     if not all(isinstance(x, (int, float)) for x in (g, mb, c)):
         return "—"
     return f"{g:.0f} / {mb:.0f} ({c:.0f})"
@@ -986,9 +978,9 @@ def tool_rows(res, cap):
         first = fmt_io(r, "cold")
         if "copy_gets" in r:
             first = f"{fmt_io(r, 'copy')} (copy)"
-        rss = med(r.get("rss_mib"))
+        rss = median_or_failure(r.get("rss_mib"))
         def f(m):
-            return fmt_s(med(r.get(m)), cap)
+            return fmt_s(median_or_failure(r.get(m)), cap)
         idx = f("batch_idx_s") + (f" ({f('remount_s')})" if "remount_s" in r else "")
         rows.append([name, f("copy_s"), f("mount_s"), f("batch_s"), idx, f("cold_s"),
                      f("first_epoch_s"), f("warm_s"),
@@ -1004,7 +996,7 @@ def ratios(res, n, size, cap):
     out = []
 
     def val(tool, m):
-        return med(res.get(tool, {}).get(m))
+        return median_or_failure(res.get(tool, {}).get(m))
     for mine in ("archfs", "archfs nopreload"):
         if mine not in res:
             continue

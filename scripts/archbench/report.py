@@ -8,8 +8,9 @@ import shutil
 import statistics
 import sys
 
-from . import VENV, VPY
+from .constants import VENV, VPY
 from .corpus import COMPRESSED_TARS, DECODERS
+from .stats import median, median_or_failure
 from .system import MEMORY_NOTE, sh_out
 from .tools import ShmCopy
 
@@ -28,18 +29,6 @@ def save(out, md, data):
     data["args"] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in data["args"].items()}
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
         json.dump(data, f, indent=1)
-
-
-def med(vals):
-    if not vals:
-        return None
-    nums = [v for v in vals if isinstance(v, (int, float))]
-    if len(nums) == len(vals):
-        return statistics.median(nums)
-    for v in vals:
-        if not isinstance(v, (int, float)):
-            return v
-    return None
 
 
 def fnum(x, digits=None):
@@ -66,7 +55,7 @@ def report(b, args, info, unavailable):
     lines = []
 
     def g(t, m):
-        return med(R[t.name].get(m))
+        return median_or_failure(R[t.name].get(m))
 
     def unsup_row(t, ncols):
         return [t.name, t.unsupported] + ["—"] * (ncols - 2)
@@ -207,7 +196,7 @@ def report(b, args, info, unavailable):
         rl.append(ratio("archfs tar", "ratarmount tar", "mount",
                         "tar mount without index: archfs / ratarmount"))
     for c, path in sorted(b.streams.items()):
-        st = med(path)
+        st = median_or_failure(path)
         ep = g(by[f"archfs {c}"], "epoch_cold_2") if f"archfs {c}" in by else None
         if isinstance(st, (int, float)) and isinstance(ep, (int, float)):
             rl.append(f"- cold epoch, 2 readers, {c}: archfs / streaming the archive once "
@@ -221,7 +210,7 @@ def report(b, args, info, unavailable):
                         f"cold epoch, 2 readers: archfs {c} / archfs on the plain tar"))
         rl.append(ratio(f"archfs {c}", f"ratarmount {c}", "epoch_cold_2",
                         f"cold epoch, 2 readers, {c}: archfs / ratarmount"))
-        dec, mount = med(b.streams.get(f"{c} decode", [])), g(t, "mount")
+        dec, mount = median_or_failure(b.streams.get(f"{c} decode", [])), g(t, "mount")
         if isinstance(dec, (int, float)) and isinstance(mount, (int, float)):
             rl.append(f"- {c} first mount (index and entry points, cold) / `{DECODERS[c]} > "
                       f"/dev/null` (cold): **{mount / dec:.2f}×** ({fnum(mount)} s vs "
@@ -289,7 +278,7 @@ def machine_info(args, archfs_bin, paths, manifest, torch_ok):
     dataset = (f"Dataset: {len(sizes)} files in {args.classes} class directories "
                f"({'noise JPEGs, decodable' if args.jpeg else 'JPEG-like random bytes'}), "
                f"{total / 1e6:.0f} MB, mean {statistics.mean(sizes) / 1024:.0f} KiB, "
-               f"median {statistics.median(sizes) / 1024:.0f} KiB, {100 * under / len(sizes):.0f}% "
+               f"median {median(sizes) / 1024:.0f} KiB, {100 * under / len(sizes):.0f}% "
                f"under 128 KiB. data.tar {sz(paths['tar']):.0f} MB; "
                f"`mksquashfs src img -comp gzip` {sz(paths['gzip']):.0f} MB; "
                f"`-comp zstd` {sz(paths['zstd']):.0f} MB.")

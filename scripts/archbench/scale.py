@@ -36,14 +36,15 @@ import os
 import random
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 
-from . import SCRIPT, VPY, plots
+from . import plots
+from .constants import SCRIPT, VPY
 from .corpus import read_manifest, write_list
 from .deps import ensure_venv, venv_has
+from .stats import median_or_last
 from .system import REG, Failed, Timeout, drop_caches, log, sh
 from .tools import Archfs, Kernel, PlainDir, Squashfuse, find_archfs
 from .workloads import read_pass, run_group
@@ -420,13 +421,6 @@ class Scale:
 # ---------------------------------------------------------------------------------------------
 
 
-def med(vals):
-    nums = [v for v in (vals or []) if isinstance(v, (int, float))]
-    if nums:
-        return statistics.median(nums)
-    return vals[-1] if vals else None
-
-
 def fmt(x, unit=""):
     if x is None:
         return "-"
@@ -442,10 +436,10 @@ def table(header, rows):
 
 
 def ratio_row(tools, res, metric, base="plain dir"):
-    b = med(res.get(base, {}).get(metric))
+    b = median_or_last(res.get(base, {}).get(metric))
     cells = []
     for tool in tools:
-        v = med(res.get(tool, {}).get(metric))
+        v = median_or_last(res.get(tool, {}).get(metric))
         if isinstance(v, (int, float)) and isinstance(b, (int, float)) and b > 0:
             cells.append(f"{fmt(v)} s ({v / b:.2f}×)")
         else:
@@ -480,8 +474,9 @@ def report(s, main, args):
             rows.append([f"first epoch, {r} reader(s): reading, cold"]
                         + ratio_row(tools, m, f"epoch_cold_{r}"))
             rows.append([f"epoch, {r} reader(s), warm"] + ratio_row(tools, m, f"epoch_warm_{r}"))
-        rows.append(["server peak RSS"] + [fmt(med(m.get(t, {}).get("srv_hwm_mib")), " MiB")
-                                           for t in tools])
+        rows.append(["server peak RSS"]
+                    + [fmt(median_or_last(m.get(t, {}).get("srv_hwm_mib")), " MiB")
+                       for t in tools])
         out += [table(["workload"] + tools, rows), ""]
         out.append(f"ImageFolder index: {s.imagefolder_kind}. First epoch = that listing on a "
                    "fresh cold mount, then every file opened and read whole, shuffled, dealt "
@@ -497,14 +492,14 @@ def report(s, main, args):
             [(n, v, cats.get(f"growth {n}")) for n, v in growth]
         for n, v, cat in pts:
             rows.append([f"{n:,}" + (" (tiny files)" if v is idx else " (empty)"),
-                         fmt(med(v.get("first_mount")), " s"),
-                         fmt(med((cat or {}).get("first_mount")), " s"),
-                         fmt(med(v.get("remount")), " s"),
-                         fmt(med(v.get("index_bytes_per_entry")), " B"),
-                         fmt(med(v.get("remount_rss_mib")), " MiB"),
-                         fmt(med(v.get("remount_rss_per_entry")), " B"),
-                         fmt(med(v.get("remount_hwm_mib")), " MiB"),
-                         fmt(med(v.get("first_hwm_mib")), " MiB")])
+                         fmt(median_or_last(v.get("first_mount")), " s"),
+                         fmt(median_or_last((cat or {}).get("first_mount")), " s"),
+                         fmt(median_or_last(v.get("remount")), " s"),
+                         fmt(median_or_last(v.get("index_bytes_per_entry")), " B"),
+                         fmt(median_or_last(v.get("remount_rss_mib")), " MiB"),
+                         fmt(median_or_last(v.get("remount_rss_per_entry")), " B"),
+                         fmt(median_or_last(v.get("remount_hwm_mib")), " MiB"),
+                         fmt(median_or_last(v.get("first_hwm_mib")), " MiB")])
         out += ["#### Tar index: mount time and memory against the number of entries", "",
                 table(["members", "first mount (cold)", "`cat tar` (cold)",
                        "remount, saved index (cold)", "index file / entry",
@@ -519,8 +514,8 @@ def report(s, main, args):
         tools = [t for t in TOOLS if any(t in v for _, v in walks)]
         rows = []
         for n, v in walks:
-            rows.append([f"{n:,}"] + [f"{fmt(med(v.get(t, {}).get('find_cold')))} / "
-                                      f"{fmt(med(v.get(t, {}).get('stat_cold')))}"
+            rows.append([f"{n:,}"] + [f"{fmt(median_or_last(v.get(t, {}).get('find_cold')))} / "
+                                      f"{fmt(median_or_last(v.get(t, {}).get('stat_cold')))}"
                                       for t in tools])
         out += ["#### Metadata walk against the number of files (cold; find s / stat s)", "",
                 table(["files"] + tools, rows), ""]

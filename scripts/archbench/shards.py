@@ -62,11 +62,12 @@ import sys
 import tarfile
 import time
 
-from . import SCRIPT
+from .constants import SCRIPT
 from .corpus import COMPRESSED_TARS, read_manifest, write_list
 from .helpers import in_processes
-from .report import med, save, table
+from .report import save, table
 from .scale import vm_rss_mib
+from .stats import median_or_failure
 from .system import MEMORY_NOTE, REG, Failed, Timeout, drop_caches, log, sh, sh_out
 from .tools import Archfs, PlainDir, find_archfs
 from .workloads import read_pass
@@ -612,7 +613,7 @@ def shape_table(res, tools):
     hdr = ["workload"] + list(tools) + [f"{short[a]} / {short[b]}" for a, b in pairs]
     rows = []
     for label, metric, unit in ROWS:
-        v = {t: med(res.get(t, {}).get(metric)) for t in tools}
+        v = {t: median_or_failure(res.get(t, {}).get(metric)) for t in tools}
         if all(x is None for x in v.values()):
             continue
         rows.append([label] + [cell(v[t], unit) for t in tools]

@@ -2,7 +2,6 @@
 mounts, and the registry that undoes everything a run mounts or starts."""
 
 import atexit
-import math
 import os
 import shutil
 import signal
@@ -10,8 +9,7 @@ import subprocess
 import sys
 import time
 
-from . import MIB
-from .helpers import HELPERS
+from .constants import HELPER_MODES, MIB
 
 # ---------------------------------------------------------------------------------------------
 # Small utilities
@@ -158,7 +156,7 @@ def proc_ppid(pid):
         return None
 
 
-def find_server_pids(token, mnt, exclude=("__watchdog",) + tuple(HELPERS)):
+def find_server_pids(token, mnt, exclude=("__watchdog",) + HELPER_MODES):
     """PIDs whose command line has TOKEN in some argument and MNT as an argument (not our
     own reader helpers, which are running when a cold pass mounts and name MNT too)."""
     pids = []
@@ -214,15 +212,6 @@ def pid_alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def percentile(xs, q):
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 class Timeout(Exception):

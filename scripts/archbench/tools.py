@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from . import SCRIPT, TARGET_DIR, VENV, WORKTREE
+from .constants import SCRIPT, TARGET_DIR, VENV, WORKTREE
 from .system import (REG, Failed, Timeout, detach_loops, find_server_pids, force_unmount,
                      is_mounted, log, pid_alive, proc_cmdline, proc_stats, sh)
 

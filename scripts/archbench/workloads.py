@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from . import SCRIPT, VPY
+from .constants import SCRIPT, VPY
 from .corpus import DECODERS, write_list
-from .system import (REG, Failed, Timeout, drop_caches, log, percentile, pgroup_members,
-                     sh)
+from .stats import percentile
+from .system import REG, Failed, Timeout, drop_caches, log, pgroup_members, sh
 from .tools import ShmCopy
 
 # ---------------------------------------------------------------------------------------------
