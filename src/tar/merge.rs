@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::index::{kind_of, Entries, Index, Node, Segment, XattrSet, NONE, ROOT, SPARSE};
+use super::index::{kind_of, Dirents, Index, Node, Segment, XattrSet, NONE, ROOT, SPARSE};
 use crate::archive::Kind;
 use crate::error::{Error, Result};
 
@@ -197,7 +197,7 @@ impl Out {
     fn finish(mut self) -> Index {
         Index::assemble(
             &mut self.nodes,
-            Entries {
+            Dirents {
                 names: self.names,
                 name_end: self.name_end,
                 child: self.child,

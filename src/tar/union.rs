@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index::Index;
-use super::persist::{self, Identity, Rejected};
-use super::{merge, Body, Decoding, TarArchive, Under};
+use super::persist::{self, Identity, Rejected, Under};
+use super::{merge, Body, Decoding, TarArchive};
 use crate::compressed::Decoded;
 use crate::error::{Error, Result};
 use crate::source::Source;
@@ -76,7 +76,7 @@ impl TarArchive {
             .collect();
         drop(indexes);
         if let Some(path) = save {
-            if let Err(e) = save_union(path, &index, &members, recursive) {
+            if let Err(e) = persist::save_union(path, &index, &members, recursive) {
                 tracing::warn!("cannot save the union's index to {}: {e}", path.display());
             }
         }
@@ -108,7 +108,7 @@ impl TarArchive {
         let first = &sources[0];
         let id = Identity::of(first, recursive);
         let loaded = persist::load(path, &id, first, |extra| {
-            let members = decode_members(extra, sources.len())?;
+            let members = persist::decode_union_members(extra, sources.len())?;
             // Offsets are checked against the members' streams once those are known.
             Some((members, vec![u64::MAX >> 16]))
         });
@@ -205,43 +205,4 @@ fn open_sources(files: &[PathBuf]) -> Option<Vec<Arc<Source>>> {
     });
     let all: Vec<_> = opened.into_iter().collect::<Option<Vec<_>>>()?;
     Some(all.into_iter().flatten().collect())
-}
-
-fn save_union(path: &Path, index: &Index, members: &[TarArchive], recursive: bool) -> Result<()> {
-    let mut extra = Vec::new();
-    extra.extend_from_slice(&(members.len() as u64).to_le_bytes());
-    let mut first = None;
-    for m in members {
-        let source = m.body.source();
-        let id = Identity::of(source, recursive).read(source)?;
-        first.get_or_insert(id);
-        let under = Under::encode(m);
-        extra.extend_from_slice(&id.to_bytes());
-        extra.extend_from_slice(&(under.len() as u64).to_le_bytes());
-        extra.extend_from_slice(&under);
-    }
-    let first = first.ok_or_else(|| Error::Unsupported("a union of no archives".into()))?;
-    persist::save(path, index, &first, &extra)
-        .map_err(|e| Error::io(format!("cannot save {}", path.display()), e))
-}
-
-/// What [`save_union`] wrote for each of `count` members: its identity and what lies
-/// under its tar stream.
-fn decode_members(mut b: &[u8], count: usize) -> Option<Vec<(Identity, Vec<u8>)>> {
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (h, t) = b.split_at_checked(n)?;
-        b = t;
-        Some(h)
-    };
-    let n = u64::from_le_bytes(take(8)?.try_into().ok()?);
-    if n != count as u64 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(count);
-    for _ in 0..count {
-        let id = Identity::from_bytes(take(32)?.try_into().ok()?);
-        let len = usize::try_from(u64::from_le_bytes(take(8)?.try_into().ok()?)).ok()?;
-        out.push((id, take(len)?.to_vec()));
-    }
-    b.is_empty().then_some(out)
 }
