@@ -123,31 +123,7 @@ impl TarArchive {
                 return None;
             }
         };
-        let mut bodies = Vec::with_capacity(sources.len());
-        for (source, (saved, under)) in sources.into_iter().zip(members) {
-            if !Identity::of(&source, recursive).matches(&saved, &source) {
-                tracing::info!(
-                    "{} changed since the union's index was saved; rebuilding it",
-                    source.path().display()
-                );
-                return None;
-            }
-            // The member is as it was saved: its compression is known without reading it.
-            let codec = Under::codec(&under)?;
-            let len = source.len();
-            let (points, nested) = Under::decode(&under, codec, len)?;
-            if !nested.is_empty() {
-                return None;
-            }
-            bodies.push(match (codec, points) {
-                (Some(codec), Some(points)) => Body::Decoded(Box::new(
-                    Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())
-                        .ok()?,
-                )),
-                (None, None) => Body::Plain(source),
-                _ => return None,
-            });
-        }
+        let mut bodies = member_bodies(sources, members, recursive, how)?;
         let starts = starts_of(bodies.iter()).ok()?;
         let end = bodies.last().map(|b| b.len()).unwrap_or(0) + starts.last().copied().unwrap_or(0);
         if !persist::offsets_within(&index, end) {
@@ -164,6 +140,41 @@ impl TarArchive {
             starts,
         })
     }
+}
+
+/// The members' streams as the union's saved index describes them (`members`: each
+/// one's identity and what lies under its tar stream); `None` if one changed since.
+fn member_bodies(
+    sources: Vec<Arc<Source>>,
+    members: Vec<(Identity, Vec<u8>)>,
+    recursive: bool,
+    how: &Decoding,
+) -> Option<Vec<Body>> {
+    let mut bodies = Vec::with_capacity(sources.len());
+    for (source, (saved, under)) in sources.into_iter().zip(members) {
+        if !Identity::of(&source, recursive).matches(&saved, &source) {
+            tracing::info!(
+                "{} changed since the union's index was saved; rebuilding it",
+                source.path().display()
+            );
+            return None;
+        }
+        // The member is as it was saved: its compression is known without reading it.
+        let codec = Under::codec(&under)?;
+        let len = source.len();
+        let (points, nested) = Under::decode(&under, codec, len)?;
+        if !nested.is_empty() {
+            return None;
+        }
+        bodies.push(match (codec, points) {
+            (Some(codec), Some(points)) => Body::Decoded(Box::new(
+                Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref()).ok()?,
+            )),
+            (None, None) => Body::Plain(source),
+            _ => return None,
+        });
+    }
+    Some(bodies)
 }
 
 /// Where each member's stream starts in the merged index's data offsets: one after
