@@ -2,6 +2,7 @@
 //! it. The tar index stores each field of its records as one column: at ImageNet's scale
 //! most fields (sizes of 110 KiB files, offsets in 512-byte blocks, a few distinct
 //! owners and modes) fit in one to four bytes, and a field that never varies takes none.
+//! Its bytes in a saved index are [`super::persist`]'s.
 
 /// Values `0..len`, all of one width. `Const` holds a value shared by every row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,72 +84,6 @@ impl Column {
     pub fn bytes(&self) -> usize {
         self.width() * self.stored()
     }
-
-    /// The width, then the value (constant) or the rows, little-endian.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        out.push(self.width() as u8);
-        match self {
-            Column::Const(v) => out.extend_from_slice(&v.to_le_bytes()),
-            Column::U8(c) => out.extend_from_slice(c),
-            Column::U16(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Column::U32(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            Column::U64(c) => c
-                .iter()
-                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        }
-    }
-
-    /// Reads a column of `len` rows written by [`Column::write`], taking its bytes from
-    /// `fill` through a small buffer straight into the typed rows (a whole-column
-    /// temporary left the allocator holding the holes: 8 MiB more resident at 1.28 M
-    /// entries). `None` if the rows would take more than `available` bytes, the input
-    /// runs out, or the width is not one [`Column::write`] writes.
-    pub fn read(
-        fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
-        len: usize,
-        available: u64,
-    ) -> Option<Column> {
-        fn rows<T, const N: usize>(
-            fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
-            len: usize,
-            available: u64,
-            from: fn([u8; N]) -> T,
-        ) -> Option<Vec<T>> {
-            if len.checked_mul(N)? as u64 > available {
-                return None;
-            }
-            let mut out = Vec::with_capacity(len);
-            let mut buf = [0u8; 8192];
-            while out.len() < len {
-                let n = (buf.len() / N).min(len - out.len()) * N;
-                fill(&mut buf[..n])?;
-                out.extend(
-                    buf[..n]
-                        .chunks_exact(N)
-                        .map(|c| from(c.try_into().unwrap())),
-                );
-            }
-            Some(out)
-        }
-        let mut width = [0u8; 1];
-        fill(&mut width)?;
-        Some(match width[0] {
-            0 => {
-                let mut v = [0u8; 8];
-                fill(&mut v)?;
-                Column::Const(u64::from_le_bytes(v))
-            }
-            1 => Column::U8(rows(fill, len, available, |b: [u8; 1]| b[0])?),
-            2 => Column::U16(rows(fill, len, available, u16::from_le_bytes)?),
-            4 => Column::U32(rows(fill, len, available, u32::from_le_bytes)?),
-            8 => Column::U64(rows(fill, len, available, u64::from_le_bytes)?),
-            _ => return None,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -156,7 +91,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn narrowest_width_and_round_trip() {
+    fn narrowest_width() {
         for (values, width) in [
             (vec![], 0),
             (vec![7, 7, 7], 0),
@@ -171,35 +106,6 @@ mod tests {
             for (i, &v) in values.iter().enumerate() {
                 assert_eq!(c.get(i), v);
             }
-            let mut out = Vec::new();
-            c.write(&mut out);
-            out.push(0xaa);
-            let (back, left) = read(&out, values.len());
-            assert_eq!(back, Some(c));
-            assert_eq!(left, 1);
         }
-    }
-
-    /// Reads a column from the front of `b`; returns it and the bytes left unread.
-    fn read(b: &[u8], len: usize) -> (Option<Column>, usize) {
-        let mut at = 0;
-        let mut fill = |buf: &mut [u8]| {
-            buf.copy_from_slice(b.get(at..at + buf.len())?);
-            at += buf.len();
-            Some(())
-        };
-        let c = Column::read(&mut fill, len, b.len() as u64);
-        (c, b.len() - at)
-    }
-
-    #[test]
-    fn short_or_malformed_input_is_refused() {
-        let mut out = Vec::new();
-        Column::new(&[1, 70_000, 3]).write(&mut out);
-        assert!(read(&out[..out.len() - 1], 3).0.is_none());
-        // A row count larger than the input is refused before anything is allocated.
-        assert!(read(&out, usize::MAX / 8).0.is_none());
-        assert!(read(&[3, 0, 0, 0], 1).0.is_none());
-        assert!(read(&[], 0).0.is_none());
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::index::{kind_of, Entries, Index, Node, Segment, XattrSet, NONE, ROOT, SPARSE};
+use super::index::{kind_of, Dirents, Index, Node, Segment, XattrSet, NONE, ROOT, SPARSE};
 use crate::archive::Kind;
 use crate::error::{Error, Result};
 
@@ -51,69 +51,44 @@ pub fn merge(members: &[(&Index, u64)]) -> Result<Index> {
         parts: (0..members.len() as u32).map(|m| (m, ROOT)).collect(),
     }]);
     // (name, part, member entry) of every appearance in the directory being merged.
-    let mut seen_names: Vec<(&[u8], u32, u32)> = Vec::new();
+    let mut appearances: Vec<Appearance> = Vec::new();
     while let Some(dir) = queue.pop_front() {
-        seen_names.clear();
-        for (p, &(m, d)) in dir.parts.iter().enumerate() {
-            let visited = &mut seen[m as usize][d as usize];
-            if std::mem::replace(visited, true) {
-                continue;
-            }
-            let ix = members[m as usize].0;
-            for i in ix.children(d) {
-                seen_names.push((ix.name(i), p as u32, i as u32));
-            }
-        }
-        // Sorted by name, each name's appearances in member order (members' own
-        // listings are sorted and hold a name once). Shards of a dataset written in key
-        // order come sorted already: the check is a pass, the sort of a root of 2 M
-        // names ~0.5 s.
-        let order = |a: &(&[u8], u32, u32), b: &(&[u8], u32, u32)| a.0.cmp(b.0).then(a.1.cmp(&b.1));
-        if dir.parts.len() > 1 && !seen_names.is_sorted_by(|a, b| order(a, b).is_le()) {
-            seen_names.sort_unstable_by(order);
-        }
-        let first = out.child.len() as u64;
-        let mut k = 0;
-        while k < seen_names.len() {
-            let name = seen_names[k].0;
-            let mut end = k + 1;
-            while end < seen_names.len() && seen_names[end].0 == name {
-                end += 1;
-            }
-            let group = &seen_names[k..end];
-            k = end;
-            // The last appearance decides what the name is.
-            let &(_, p, i) = group.last().expect("a group is never empty");
-            let (m, _) = dir.parts[p as usize];
-            let ix = members[m as usize].0;
-            let id = ix.child(i as usize);
-            let node = ix.node(id);
-            let child = if kind_of(node.kind) == Kind::Dir {
-                let parts = group
-                    .iter()
-                    .filter_map(|&(_, p, i)| {
-                        let (m, _) = dir.parts[p as usize];
-                        let c = members[m as usize].0.child(i as usize);
-                        (kind_of(members[m as usize].0.kind(c)) == Kind::Dir).then_some((m, c))
-                    })
-                    .collect();
-                let n = out.nodes.len() as u32;
-                out.nodes.push(Node::default());
-                out.copy_attrs(members, m, node, n)?;
-                queue.push_back(Pending { node: n, parts });
-                n
-            } else {
-                out.copy(members, m, id, node)?
-            };
-            out.names.extend_from_slice(name);
-            out.name_end.push(out.names.len() as u64);
-            out.child.push(u64::from(child));
-        }
-        let d = &mut out.nodes[dir.node as usize];
-        d.data = first;
-        d.aux = (out.child.len() as u64 - first) as u32;
+        list_names(members, &dir, &mut seen, &mut appearances);
+        out.fill_dir(members, &dir, &appearances, &mut queue)?;
     }
     Ok(out.finish())
+}
+
+/// A name in one of the members' directories being merged: the name, the part
+/// ([`Pending::parts`]) it is in, and its entry in that member.
+type Appearance<'m> = (&'m [u8], u32, u32);
+
+/// The names of `dir`'s parts not merged before, into `out`: sorted by name, each
+/// name's appearances in member order.
+fn list_names<'m>(
+    members: &[(&'m Index, u64)],
+    dir: &Pending,
+    seen: &mut [Vec<bool>],
+    out: &mut Vec<Appearance<'m>>,
+) {
+    out.clear();
+    for (p, &(m, d)) in dir.parts.iter().enumerate() {
+        let visited = &mut seen[m as usize][d as usize];
+        if std::mem::replace(visited, true) {
+            continue;
+        }
+        let ix = members[m as usize].0;
+        for i in ix.children(d) {
+            out.push((ix.name(i), p as u32, i as u32));
+        }
+    }
+    // Members' own listings are sorted and hold a name once. Shards of a dataset
+    // written in key order come sorted already: the check is a pass, the sort of a root
+    // of 2 M names ~0.5 s.
+    let order = |a: &Appearance, b: &Appearance| a.0.cmp(b.0).then(a.1.cmp(&b.1));
+    if dir.parts.len() > 1 && !out.is_sorted_by(|a, b| order(a, b).is_le()) {
+        out.sort_unstable_by(order);
+    }
 }
 
 /// The merged index as it is built, unpacked.
@@ -133,6 +108,50 @@ struct Out {
 }
 
 impl Out {
+    /// Makes merged directory `dir` the entries of its sorted `names`: the last
+    /// appearance of a name decides what it is, and a directory's appearances become
+    /// the parts of a merged directory, queued to be filled in turn.
+    fn fill_dir(
+        &mut self,
+        members: &[(&Index, u64)],
+        dir: &Pending,
+        names: &[Appearance],
+        queue: &mut VecDeque<Pending>,
+    ) -> Result<()> {
+        let first = self.child.len() as u64;
+        for group in names.chunk_by(|a, b| a.0 == b.0) {
+            let &(name, p, i) = group.last().expect("a group is never empty");
+            let (m, _) = dir.parts[p as usize];
+            let ix = members[m as usize].0;
+            let id = ix.child(i as usize);
+            let node = ix.node(id);
+            let child = if kind_of(node.kind) == Kind::Dir {
+                let parts = group
+                    .iter()
+                    .filter_map(|&(_, p, i)| {
+                        let (m, _) = dir.parts[p as usize];
+                        let c = members[m as usize].0.child(i as usize);
+                        (kind_of(members[m as usize].0.kind(c)) == Kind::Dir).then_some((m, c))
+                    })
+                    .collect();
+                let n = self.nodes.len() as u32;
+                self.nodes.push(Node::default());
+                self.copy_attrs(members, m, node, n)?;
+                queue.push_back(Pending { node: n, parts });
+                n
+            } else {
+                self.copy(members, m, id, node)?
+            };
+            self.names.extend_from_slice(name);
+            self.name_end.push(self.names.len() as u64);
+            self.child.push(u64::from(child));
+        }
+        let d = &mut self.nodes[dir.node as usize];
+        d.data = first;
+        d.aux = (self.child.len() as u64 - first) as u32;
+        Ok(())
+    }
+
     /// A copy of member `m`'s node `id` (`node`, unpacked), or the copy made already of
     /// a node with more than one name.
     fn copy(&mut self, members: &[(&Index, u64)], m: u32, id: u32, node: Node) -> Result<u32> {
@@ -197,7 +216,7 @@ impl Out {
     fn finish(mut self) -> Index {
         Index::assemble(
             &mut self.nodes,
-            Entries {
+            Dirents {
                 names: self.names,
                 name_end: self.name_end,
                 child: self.child,

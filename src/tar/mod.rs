@@ -1,11 +1,28 @@
 //! Tar archives (v7, ustar, GNU, PAX) served in place: an index of the headers, and
 //! reads at the members' offsets through the shared block cache. Imports the archive
 //! interface, [`crate::source`], [`crate::cache`] and [`crate::compressed`]; never fuser.
+//!
+//! One structure a module, in the order an archive goes through them:
+//! - `header`: one 512-byte header block in its dialects, and PAX records;
+//! - `blocks`: how header blocks are read, through a window that adapts to the members;
+//! - `entries`: the members of a tar stream, the extension headers (GNU long names,
+//!   PAX, old GNU sparse) folded into the member they describe;
+//! - `builder`: the walk over the entries that builds the index, as `tar -x` would
+//!   leave the tree;
+//! - `nested`: tars inside the archive shown as directories (`--recursive`);
+//! - `index` and `column`: the packed table that answers lookups;
+//! - `merge` and `union`: several archives served as one;
+//! - `persist`: the saved index, its byte layout documented at its top;
+//! - this file: the archive as the mount serves it, and opening one.
 
+mod blocks;
+mod builder;
 mod column;
+mod entries;
 mod header;
 pub mod index;
 mod merge;
+mod nested;
 pub mod persist;
 mod union;
 
@@ -28,7 +45,7 @@ use crate::compressed::{Codec, Decoded, Points, Scan};
 use crate::error::{Error, Result};
 use crate::source::{Buf, Source};
 
-pub use index::BuildOptions;
+pub use builder::BuildOptions;
 
 /// Entry points every 128 KiB of decoded data: on the bench's tar.gz a cold shuffled
 /// epoch took 7.25 s at 1 MiB, 4.49 s at 256 KiB, 4.11 s at 128 KiB and 4.04 s at
@@ -157,12 +174,12 @@ impl TarArchive {
         progress: &mut dyn FnMut(u64),
     ) -> Result<TarArchive> {
         let len = source.len();
-        let members = opts.recursive.then(|| index::Members {
+        let opener = opts.recursive.then(|| nested::Opener {
             source: source.clone(),
             spacing: how.spacing,
             limit: how.limit,
         });
-        let mut b = index::Builder::new(opts, members, progress);
+        let mut b = builder::Builder::new(opts, opener, progress);
         b.scan(source.as_ref(), 0, len, &[], 0)?;
         let nested = b.take_bodies();
         let index = b.finish();
@@ -182,7 +199,7 @@ impl TarArchive {
         let (index, points) = {
             let scan = Scan::new(&source, codec, how.spacing, how.limit, progress)?;
             let mut quiet = |_| {};
-            let mut b = index::Builder::new(opts, None, &mut quiet);
+            let mut b = builder::Builder::new(opts, None, &mut quiet);
             b.scan(&scan, 0, u64::MAX >> 1, &[], 0)?;
             let points = scan.finish()?;
             b.check_within(points.len())?;
@@ -196,7 +213,7 @@ impl TarArchive {
     /// `nested`: the compressed tars inside a plain archive.
     pub fn from_index(
         body: Body,
-        nested: Vec<index::Nested>,
+        nested: Vec<nested::Nested>,
         how: &Decoding,
         index: Index,
     ) -> Result<TarArchive> {
@@ -285,7 +302,7 @@ impl TarArchive {
             };
             return Ok((body, data - self.starts[k]));
         }
-        match index::body_of(data) {
+        match nested::body_of(data) {
             (0, at) => Ok((&self.body, at)),
             (k, at) => self
                 .nested
@@ -629,7 +646,7 @@ pub fn open_unsaved(
     let archive_len = source.len();
     let load = || {
         persist::load(&path, &id, &source, |extra| {
-            let (points, nested) = Under::decode(extra, codec, archive_len)?;
+            let (points, nested) = persist::Under::decode(extra, codec, archive_len)?;
             let lens = std::iter::once(points.as_ref().map_or(archive_len, Points::len))
                 .chain(nested.iter().map(|n| n.points.len()))
                 .collect();
@@ -660,34 +677,50 @@ pub fn open_unsaved(
             ));
         }
         Err(persist::Rejected::Missing) => {}
-        Err(why) => {
-            // A line each for the first few: after an upgrade, each of 10,000 shards
-            // would say so.
-            static SAID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-            let said = SAID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let what = if why == persist::Rejected::Stale {
-                "out of date"
-            } else {
-                "damaged"
-            };
-            match said {
-                0..3 => tracing::warn!(
-                    "the saved index {} is {what}; rebuilding it",
-                    path.display()
-                ),
-                3 => tracing::warn!(
-                    "more saved indexes are out of date or damaged; rebuilding them (each is \
-                     named with --debug)"
-                ),
-                _ => tracing::debug!(
-                    "the saved index {} is {what}; rebuilding it",
-                    path.display()
-                ),
-            }
-        }
+        Err(why) => say_rejected(&why, &path),
     }
+    let archive = index_archive(source, opts, codec, how)?;
+    // The memory the build freed is given back once all archives are open (open_many).
+    Ok((Arc::new(archive), Some(path)))
+}
+
+/// Says why the saved index at `path` is rebuilt: a line each for the first few (after
+/// an upgrade, each of 10,000 shards would say so), the others with `--debug`.
+fn say_rejected(why: &persist::Rejected, path: &Path) {
+    static SAID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let said = SAID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let what = if *why == persist::Rejected::Stale {
+        "out of date"
+    } else {
+        "damaged"
+    };
+    match said {
+        0..3 => tracing::warn!(
+            "the saved index {} is {what}; rebuilding it",
+            path.display()
+        ),
+        3 => tracing::warn!(
+            "more saved indexes are out of date or damaged; rebuilding them (each is \
+             named with --debug)"
+        ),
+        _ => tracing::debug!(
+            "the saved index {} is {what}; rebuilding it",
+            path.display()
+        ),
+    }
+}
+
+/// Indexes the archive (compressed as `codec` says), with a progress bar on a terminal
+/// when it takes over a second.
+fn index_archive(
+    source: Arc<Source>,
+    opts: BuildOptions,
+    codec: Option<Codec>,
+    how: &Decoding,
+) -> Result<TarArchive> {
     let started = Instant::now();
     let label = format!("indexing {}", source.path().display());
+    let archive_len = source.len();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let mut progress = |pos: u64| {
         if bar.is_none() && started.elapsed() > Duration::from_secs(1) {
@@ -726,8 +759,7 @@ pub fn open_unsaved(
         archive.index.dirent_count(),
         started.elapsed().as_secs_f64()
     );
-    // The memory the build freed is given back once all archives are open (open_many).
-    Ok((Arc::new(archive), Some(path)))
+    Ok(archive)
 }
 
 impl TarArchive {
@@ -735,90 +767,12 @@ impl TarArchive {
     pub fn save_index(&self, path: &Path, recursive: bool) {
         let source = self.body.source();
         let saved = match persist::Identity::of(source, recursive).read(source) {
-            Ok(id) => persist::save(path, &self.index, &id, &Under::encode(self))
+            Ok(id) => persist::save(path, &self.index, &id, &persist::Under::encode(self))
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = saved {
             tracing::warn!("cannot save the index to {}: {e}", path.display());
         }
-    }
-}
-
-/// The index file's section for what lies under the tar stream: the compressed tars
-/// inside a plain archive (offset, length, entry points), then the archive's own entry
-/// points if it is compressed.
-struct Under;
-
-impl Under {
-    fn encode(a: &TarArchive) -> Vec<u8> {
-        let mut o = Vec::new();
-        o.extend_from_slice(&(a.nested.len() as u32).to_le_bytes());
-        for b in &a.nested {
-            if let Body::Decoded(d) = b {
-                let p = d.points().encode(d.codec());
-                o.extend_from_slice(&d.source().base().to_le_bytes());
-                o.extend_from_slice(&d.source().len().to_le_bytes());
-                o.extend_from_slice(&(p.len() as u64).to_le_bytes());
-                o.extend_from_slice(&p);
-            }
-        }
-        if let Body::Decoded(d) = &a.body {
-            o.extend_from_slice(&d.points().encode(d.codec()));
-        }
-        o
-    }
-
-    /// The compression of the archive [`encode`](Self::encode) wrote this for, read from
-    /// its entry points' first byte (none: a plain tar); `None` if damaged.
-    fn codec(b: &[u8]) -> Option<Option<Codec>> {
-        let count = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
-        if count != 0 {
-            return None; // nested tars: a member of a union has none
-        }
-        match b.get(4) {
-            None => Some(None),
-            Some(&id) => Codec::from_id(id).map(Some),
-        }
-    }
-
-    /// What [`encode`](Self::encode) wrote, if it fits an archive of `archive_len`
-    /// bytes in `codec` (`None`: a plain tar).
-    fn decode(
-        b: &[u8],
-        codec: Option<Codec>,
-        archive_len: u64,
-    ) -> Option<(Option<Points>, Vec<index::Nested>)> {
-        let mut r = b;
-        let mut take = |n: u64| -> Option<&[u8]> {
-            let (h, t) = r.split_at_checked(usize::try_from(n).ok()?)?;
-            r = t;
-            Some(h)
-        };
-        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
-        let count = u32::from_le_bytes(take(4)?.try_into().unwrap());
-        if count as usize > b.len() / 24 || (count > 0 && codec.is_some()) {
-            return None;
-        }
-        let mut nested = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let (at, len, n) = (u64_(take(8)?), u64_(take(8)?), u64_(take(8)?));
-            let blob = take(n)?;
-            let c = Codec::from_id(*blob.first()?)?;
-            if at.checked_add(len)? > archive_len {
-                return None;
-            }
-            nested.push(index::Nested {
-                at,
-                len,
-                codec: c,
-                points: Points::decode(blob, c, len)?,
-            });
-        }
-        let points = match codec {
-            None => r.is_empty().then_some(None)?,
-            Some(c) => Some(Points::decode(r, c, archive_len)?),
-        };
-        Some((points, nested))
     }
 }

@@ -1,28 +1,108 @@
-//! The index saved next to the archive (or in the user's cache directory), so a remount
-//! of a large archive skips the scan. It is tied to the archive's size and mtime, and to
-//! its place on this machine (device, inode, change time) or else, for an archive copied
+//! The saved index: its file format, where it lives, and what ties it to an archive.
+//! Everything that reads or writes its bytes is in this file.
+//!
+//! It is saved next to the archive (or in the user's cache directory), so a remount of a
+//! large archive skips the scan. It is tied to the archive's size and mtime, and to its
+//! place on this machine (device, inode, change time) or else, for an archive copied
 //! with its index, a checksum of its first and last 64 KiB (an object's ETag instead);
 //! protected by a CRC, and validated field by field on load: a stale, corrupt or foreign
 //! file is rebuilt, never trusted. A remount of 10,000 small shards read them whole for
 //! that checksum (the disk's readahead): 3.4 GB, now 270 MB (their first bytes, for the
 //! format, and the indexes).
+//!
+//! # Layout
+//!
+//! Integers are little-endian, of the width given (`u8` to `u64`; an `i64` as its two's
+//! complement `u64`). `bytes` is a `u64` length and that many bytes. The fields follow
+//! one another in this order, with no padding:
+//!
+//! ```text
+//! field       width                 what it is
+//! magic       8                     "ARCHFSIX"
+//! version     u32                   VERSION below
+//! size        u64                   the archive's length in bytes
+//! mtime_ns    i64                   its modification time (an object's: from its ETag)
+//! place       u64                   its device, inode and change time, 0 if unknown
+//! content     u32                   CRC-32 of its first and last 64 KiB (0 for an
+//!                                   object, whose ETag names its bytes)
+//! options     u32                   bit 0: --recursive
+//! under       bytes                 what lies under the tar stream (below)
+//! nodes       u64                   node count; node i is inode i + 1
+//! mtime_base  i64                   the least mtime; the mtime column adds to it
+//! file_shift  u32                   9 or 0: how far a file's data offset is shifted
+//! size        column, nodes rows    file: its length; directory: its entry count;
+//!                                   symlink: its target's length
+//! data        column, nodes rows    file: its data offset >> file_shift; sparse file:
+//!                                   its row of sparse; directory: its first entry;
+//!                                   symlink: its target's offset in links
+//! mtime       column, nodes rows    seconds after mtime_base
+//! nsec        column, nodes rows    nanoseconds of the mtime
+//! meta        column, nodes rows    the node's row of metas
+//! metas       u64 count, 22 each    kind u8 (0 file, 1 directory, 2 symlink, 3 block
+//!                                   device, 4 character device, 5 FIFO, 6 socket),
+//!                                   flags u8 (1: sparse), mode u16, uid u32, gid u32,
+//!                                   nlink u32, rdev u32, xattr set u32 (u32::MAX: none)
+//! dirents     u64                   directory entry count
+//! name_end    column, dirents rows  where each entry's name ends in names
+//! child       column, dirents rows  the node each entry names
+//! names       bytes                 entry names end to end; each directory's entries
+//!                                   are a run of rows, sorted by name bytes
+//! links       bytes                 symlink targets end to end
+//! sparse      u64 count, 12 each    first segment u64, segment count u32
+//! segments    u64 count, 24 each    offset in the file u64, length u64, data offset u64
+//! xattrs      u64 count of sets     each a u64 count of pairs, each pair a name and a
+//!                                   value as bytes
+//! left out    u64 count (<= 1000)   each a UTF-8 line as bytes
+//! crc         u32                   CRC-32 of every byte before it
+//! ```
+//!
+//! The five fields after the version are the archive's [`Identity`]: a saved index is
+//! used only if size, mtime and options match, and place or else content does.
+//!
+//! A column ([`Column`]) is a width `u8` (0, 1, 2, 4 or 8), then for width 0 one `u64`
+//! that every row holds, else its rows at that width. The top 16 bits of a data offset
+//! ([`BODY_SHIFT`](super::nested::BODY_SHIFT)) name the stream it is in: 0 the archive's
+//! tar stream, `k` the `k`-th compressed tar inside it. In a union's index, offsets run
+//! through the members one after another, each from a 512-byte boundary.
+//!
+//! `under` for one archive: a `u32` count of the compressed tars inside it
+//! (`--recursive`), each as its offset `u64`, length `u64`, and its entry points as a
+//! `u64` length and the points; then, for a compressed archive, its own entry points to
+//! the end of the section. Entry points are written and checked by
+//! [`Points::encode`]/[`Points::decode`]: the codec's id u8, decoded length u64, spacing
+//! u64, a `u64` count of CRC-32s of the decoded blocks (u32 each), a `u64` count of
+//! points, each its decoded offset u64, compressed offset u64, bit offset u8 and its
+//! window as a `u32` length and bytes.
+//!
+//! `under` for a union ([`save_union`]): a `u64` member count, then for each member its
+//! identity (size, mtime_ns, place, content and options as above: 32 bytes), and its
+//! own `under` as `bytes`; the identity at the top of the file is the first member's.
+//!
+//! # Versions
+//!
+//! [`VERSION`] changes whenever the layout or the meaning of a field does; a file of
+//! another version is rebuilt ([`Rejected::Stale`]), never read or converted.
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::column::Column;
-use super::index::{kind_of, Index, Meta, Segment, NONE, ROOT, SPARSE};
+use super::index::{kind_of, Index, Meta, Segment, XattrSet, NONE, ROOT, SPARSE};
+use super::nested::{body_of, Nested};
+use super::{Body, TarArchive};
 use crate::archive::Kind;
-use crate::error::Result;
+use crate::compressed::{Codec, Points};
+use crate::error::{Error, Result};
 use crate::source::Source;
 
 const MAGIC: &[u8; 8] = b"ARCHFSIX";
 /// 6: hard links resolved in archive order, old-style directories, symlinks 0777, sparse
 /// sizes where the map ends (indexes of 5 showed those members as tar -x does not), and
-/// what was left out, at the end; 5: the archive's place on this machine ([`Storage::place_id`]); 4: compressed tars
-/// inside the archive in that section; 3: a section for the decoder's entry points; 2:
-/// packed columns (1 had fixed 56-byte nodes and 16-byte entries).
+/// what was left out, at the end; 5: the archive's place on this machine
+/// ([`Storage::place_id`]); 4: compressed tars inside the archive in that section; 3: a
+/// section for the decoder's entry points; 2: packed columns (1 had fixed 56-byte nodes
+/// and 16-byte entries).
 ///
 /// [`Storage::place_id`]: crate::source::Storage::place_id
 const VERSION: u32 = 6;
@@ -75,7 +155,7 @@ impl Identity {
     }
 
     /// As a union's saved index keeps it for each member.
-    pub fn to_bytes(self) -> [u8; 32] {
+    fn to_bytes(self) -> [u8; 32] {
         let mut b = [0u8; 32];
         b[0..8].copy_from_slice(&self.size.to_le_bytes());
         b[8..16].copy_from_slice(&self.mtime_ns.to_le_bytes());
@@ -86,7 +166,7 @@ impl Identity {
     }
 
     /// What [`to_bytes`](Self::to_bytes) wrote.
-    pub fn from_bytes(b: &[u8; 32]) -> Identity {
+    fn from_bytes(b: &[u8; 32]) -> Identity {
         let u64_ = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let u32_ = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         Identity {
@@ -207,11 +287,21 @@ fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
     o.u32(id.content.unwrap_or(0));
     o.u32(id.options);
     o.bytes(extra);
+    encode_nodes(ix, &mut o);
+    encode_dirents(ix, &mut o);
+    encode_extras(ix, &mut o);
+    let crc = crc32fast::hash(&o.0);
+    o.u32(crc);
+    o.0
+}
+
+/// From `nodes` to `metas`.
+fn encode_nodes(ix: &Index, o: &mut Out) {
     o.u64(ix.nodes as u64);
     o.u64(ix.mtime_base as u64);
     o.u32(ix.file_shift);
     for c in [&ix.size, &ix.data, &ix.mtime, &ix.nsec, &ix.meta] {
-        c.write(&mut o.0);
+        write_column(c, &mut o.0);
     }
     o.u64(ix.metas.len() as u64);
     for m in &ix.metas {
@@ -221,10 +311,18 @@ fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
             o.u32(v);
         }
     }
+}
+
+/// From `dirents` to `names`.
+fn encode_dirents(ix: &Index, o: &mut Out) {
     o.u64(ix.dirents as u64);
-    ix.name_end.write(&mut o.0);
-    ix.child.write(&mut o.0);
+    write_column(&ix.name_end, &mut o.0);
+    write_column(&ix.child, &mut o.0);
     o.bytes(&ix.names);
+}
+
+/// From `links` to `left out`.
+fn encode_extras(ix: &Index, o: &mut Out) {
     o.bytes(&ix.links);
     o.u64(ix.sparse.len() as u64);
     for &(first, count) in &ix.sparse {
@@ -251,9 +349,6 @@ fn encode(ix: &Index, id: &Identity, extra: &[u8]) -> Vec<u8> {
     for line in left_out {
         o.bytes(line.as_bytes());
     }
-    let crc = crc32fast::hash(&o.0);
-    o.u32(crc);
-    o.0
 }
 
 /// Writes the index atomically (temporary file, then rename), with `extra`: what the
@@ -317,7 +412,7 @@ impl<R: Read> In<R> {
     }
     fn column(&mut self, len: usize) -> Option<Column> {
         let available = self.left;
-        Column::read(&mut |buf: &mut [u8]| self.fill(buf), len, available)
+        read_column(&mut |buf: &mut [u8]| self.fill(buf), len, available)
     }
 }
 
@@ -389,6 +484,7 @@ pub fn load<T>(
     Ok((index, under))
 }
 
+/// The index [`encode`] wrote after `under`, up to the CRC.
 fn decode(r: &mut In<impl Read>) -> Option<Index> {
     // Rows take at least a byte each in some column (offsets differ, names are not
     // empty): a count larger than the file is a lie, not a reason to loop or allocate.
@@ -400,20 +496,7 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
     let mtime = r.column(nodes)?;
     let nsec = r.column(nodes)?;
     let meta = r.column(nodes)?;
-    let n = r.count(22)?;
-    let mut metas = Vec::with_capacity(n);
-    for _ in 0..n {
-        metas.push(Meta {
-            kind: r.u8()?,
-            flags: r.u8()?,
-            mode: r.u16()?,
-            uid: r.u32()?,
-            gid: r.u32()?,
-            nlink: r.u32()?,
-            rdev: r.u32()?,
-            xattrs: r.u32()?,
-        });
-    }
+    let metas = decode_metas(r)?;
     let dirents = r.count(1)?;
     let name_end = r.column(dirents)?;
     let child = r.column(dirents)?;
@@ -433,16 +516,7 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
             archive_off: r.u64()?,
         });
     }
-    let n = r.count(8)?;
-    let mut xattrs = Vec::with_capacity(n);
-    for _ in 0..n {
-        let m = r.count(16)?;
-        let mut set = Vec::with_capacity(m);
-        for _ in 0..m {
-            set.push((r.bytes()?, r.bytes()?));
-        }
-        xattrs.push(set);
-    }
+    let xattrs = decode_xattrs(r)?;
     let n = r.count(8)?;
     let mut skipped = Vec::with_capacity(n);
     for _ in 0..n {
@@ -470,6 +544,38 @@ fn decode(r: &mut In<impl Read>) -> Option<Index> {
     })
 }
 
+fn decode_metas(r: &mut In<impl Read>) -> Option<Vec<Meta>> {
+    let n = r.count(22)?;
+    let mut metas = Vec::with_capacity(n);
+    for _ in 0..n {
+        metas.push(Meta {
+            kind: r.u8()?,
+            flags: r.u8()?,
+            mode: r.u16()?,
+            uid: r.u32()?,
+            gid: r.u32()?,
+            nlink: r.u32()?,
+            rdev: r.u32()?,
+            xattrs: r.u32()?,
+        });
+    }
+    Some(metas)
+}
+
+fn decode_xattrs(r: &mut In<impl Read>) -> Option<Vec<XattrSet>> {
+    let n = r.count(8)?;
+    let mut xattrs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let m = r.count(16)?;
+        let mut set = Vec::with_capacity(m);
+        for _ in 0..m {
+            set.push((r.bytes()?, r.bytes()?));
+        }
+        xattrs.push(set);
+    }
+    Some(xattrs)
+}
+
 /// Whether every member's data in `ix` lies below `end` (a union's merged offsets), and
 /// the rest of it is sound.
 pub fn offsets_within(ix: &Index, end: u64) -> bool {
@@ -481,7 +587,7 @@ pub fn offsets_within(ix: &Index, end: u64) -> bool {
 fn valid(ix: &Index, lens: &[u64]) -> bool {
     // Data offsets name their body in their top bits: a range must lie within it.
     let in_body = |at: u64, len: u64| {
-        let (body, at) = super::index::body_of(at);
+        let (body, at) = body_of(at);
         lens.get(body)
             .is_some_and(|&l| at.checked_add(len).is_some_and(|e| e <= l))
     };
@@ -534,4 +640,243 @@ fn valid(ix: &Index, lens: &[u64]) -> bool {
             .segments
             .iter()
             .all(|s| in_body(s.archive_off, s.len) && s.offset.checked_add(s.len).is_some())
+}
+
+/// A column as the file keeps it: the width, then the value (constant) or the rows.
+fn write_column(c: &Column, out: &mut Vec<u8>) {
+    out.push(c.width() as u8);
+    match c {
+        Column::Const(v) => out.extend_from_slice(&v.to_le_bytes()),
+        Column::U8(c) => out.extend_from_slice(c),
+        Column::U16(c) => c
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        Column::U32(c) => c
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        Column::U64(c) => c
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+    }
+}
+
+/// Reads a column of `len` rows written by [`write_column`], taking its bytes from
+/// `fill` through a small buffer straight into the typed rows (a whole-column
+/// temporary left the allocator holding the holes: 8 MiB more resident at 1.28 M
+/// entries). `None` if the rows would take more than `available` bytes, the input
+/// runs out, or the width is not one [`write_column`] writes.
+fn read_column(
+    fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
+    len: usize,
+    available: u64,
+) -> Option<Column> {
+    fn rows<T, const N: usize>(
+        fill: &mut impl FnMut(&mut [u8]) -> Option<()>,
+        len: usize,
+        available: u64,
+        from: fn([u8; N]) -> T,
+    ) -> Option<Vec<T>> {
+        if len.checked_mul(N)? as u64 > available {
+            return None;
+        }
+        let mut out = Vec::with_capacity(len);
+        let mut buf = [0u8; 8192];
+        while out.len() < len {
+            let n = (buf.len() / N).min(len - out.len()) * N;
+            fill(&mut buf[..n])?;
+            out.extend(
+                buf[..n]
+                    .chunks_exact(N)
+                    .map(|c| from(c.try_into().unwrap())),
+            );
+        }
+        Some(out)
+    }
+    let mut width = [0u8; 1];
+    fill(&mut width)?;
+    Some(match width[0] {
+        0 => {
+            let mut v = [0u8; 8];
+            fill(&mut v)?;
+            Column::Const(u64::from_le_bytes(v))
+        }
+        1 => Column::U8(rows(fill, len, available, |b: [u8; 1]| b[0])?),
+        2 => Column::U16(rows(fill, len, available, u16::from_le_bytes)?),
+        4 => Column::U32(rows(fill, len, available, u32::from_le_bytes)?),
+        8 => Column::U64(rows(fill, len, available, u64::from_le_bytes)?),
+        _ => return None,
+    })
+}
+
+/// The index file's section for what lies under the tar stream: the compressed tars
+/// inside a plain archive (offset, length, entry points), then the archive's own entry
+/// points if it is compressed.
+pub(super) struct Under;
+
+impl Under {
+    pub fn encode(a: &TarArchive) -> Vec<u8> {
+        let mut o = Vec::new();
+        o.extend_from_slice(&(a.nested.len() as u32).to_le_bytes());
+        for b in &a.nested {
+            if let Body::Decoded(d) = b {
+                let p = d.points().encode(d.codec());
+                o.extend_from_slice(&d.source().base().to_le_bytes());
+                o.extend_from_slice(&d.source().len().to_le_bytes());
+                o.extend_from_slice(&(p.len() as u64).to_le_bytes());
+                o.extend_from_slice(&p);
+            }
+        }
+        if let Body::Decoded(d) = &a.body {
+            o.extend_from_slice(&d.points().encode(d.codec()));
+        }
+        o
+    }
+
+    /// The compression of the archive [`encode`](Self::encode) wrote this for, read from
+    /// its entry points' first byte (none: a plain tar); `None` if damaged.
+    pub fn codec(b: &[u8]) -> Option<Option<Codec>> {
+        let count = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        if count != 0 {
+            return None; // nested tars: a member of a union has none
+        }
+        match b.get(4) {
+            None => Some(None),
+            Some(&id) => Codec::from_id(id).map(Some),
+        }
+    }
+
+    /// What [`encode`](Self::encode) wrote, if it fits an archive of `archive_len`
+    /// bytes in `codec` (`None`: a plain tar).
+    pub fn decode(
+        b: &[u8],
+        codec: Option<Codec>,
+        archive_len: u64,
+    ) -> Option<(Option<Points>, Vec<Nested>)> {
+        let mut r = b;
+        let mut take = |n: u64| -> Option<&[u8]> {
+            let (h, t) = r.split_at_checked(usize::try_from(n).ok()?)?;
+            r = t;
+            Some(h)
+        };
+        let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
+        let count = u32::from_le_bytes(take(4)?.try_into().unwrap());
+        if count as usize > b.len() / 24 || (count > 0 && codec.is_some()) {
+            return None;
+        }
+        let mut nested = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (at, len, n) = (u64_(take(8)?), u64_(take(8)?), u64_(take(8)?));
+            let blob = take(n)?;
+            let c = Codec::from_id(*blob.first()?)?;
+            if at.checked_add(len)? > archive_len {
+                return None;
+            }
+            nested.push(Nested {
+                at,
+                len,
+                codec: c,
+                points: Points::decode(blob, c, len)?,
+            });
+        }
+        let points = match codec {
+            None => r.is_empty().then_some(None)?,
+            Some(c) => Some(Points::decode(r, c, archive_len)?),
+        };
+        Some((points, nested))
+    }
+}
+
+/// Saves the merged index of a union of `members` at `path`, with each member's
+/// identity and what lies under its tar stream.
+pub(super) fn save_union(
+    path: &Path,
+    index: &Index,
+    members: &[TarArchive],
+    recursive: bool,
+) -> Result<()> {
+    let mut extra = Vec::new();
+    extra.extend_from_slice(&(members.len() as u64).to_le_bytes());
+    let mut first = None;
+    for m in members {
+        let source = m.body.source();
+        let id = Identity::of(source, recursive).read(source)?;
+        first.get_or_insert(id);
+        let under = Under::encode(m);
+        extra.extend_from_slice(&id.to_bytes());
+        extra.extend_from_slice(&(under.len() as u64).to_le_bytes());
+        extra.extend_from_slice(&under);
+    }
+    let first = first.ok_or_else(|| Error::Unsupported("a union of no archives".into()))?;
+    save(path, index, &first, &extra)
+        .map_err(|e| Error::io(format!("cannot save {}", path.display()), e))
+}
+
+/// What [`save_union`] wrote for each of `count` members: its identity and what lies
+/// under its tar stream.
+pub(super) fn decode_union_members(mut b: &[u8], count: usize) -> Option<Vec<(Identity, Vec<u8>)>> {
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (h, t) = b.split_at_checked(n)?;
+        b = t;
+        Some(h)
+    };
+    let n = u64::from_le_bytes(take(8)?.try_into().ok()?);
+    if n != count as u64 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = Identity::from_bytes(take(32)?.try_into().ok()?);
+        let len = usize::try_from(u64::from_le_bytes(take(8)?.try_into().ok()?)).ok()?;
+        out.push((id, take(len)?.to_vec()));
+    }
+    b.is_empty().then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads a column from the front of `b`; returns it and the bytes left unread.
+    fn read(b: &[u8], len: usize) -> (Option<Column>, usize) {
+        let mut at = 0;
+        let mut fill = |buf: &mut [u8]| {
+            buf.copy_from_slice(b.get(at..at + buf.len())?);
+            at += buf.len();
+            Some(())
+        };
+        let c = read_column(&mut fill, len, b.len() as u64);
+        (c, b.len() - at)
+    }
+
+    #[test]
+    fn columns_round_trip() {
+        for values in [
+            vec![],
+            vec![7, 7, 7],
+            vec![0, 255],
+            vec![1, 256],
+            vec![0, 65_536],
+            vec![3, u64::from(u32::MAX) + 1],
+            vec![u64::MAX, 0],
+        ] {
+            let c = Column::new(&values);
+            let mut out = Vec::new();
+            write_column(&c, &mut out);
+            out.push(0xaa);
+            let (back, left) = read(&out, values.len());
+            assert_eq!(back, Some(c), "{values:?}");
+            assert_eq!(left, 1);
+        }
+    }
+
+    #[test]
+    fn short_or_malformed_columns_are_refused() {
+        let mut out = Vec::new();
+        write_column(&Column::new(&[1, 70_000, 3]), &mut out);
+        assert!(read(&out[..out.len() - 1], 3).0.is_none());
+        // A row count larger than the input is refused before anything is allocated.
+        assert!(read(&out, usize::MAX / 8).0.is_none());
+        assert!(read(&[3, 0, 0, 0], 1).0.is_none());
+        assert!(read(&[], 0).0.is_none());
+    }
 }

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index::Index;
-use super::persist::{self, Identity, Rejected};
-use super::{merge, Body, Decoding, TarArchive, Under};
+use super::persist::{self, Identity, Rejected, Under};
+use super::{merge, Body, Decoding, TarArchive};
 use crate::compressed::Decoded;
 use crate::error::{Error, Result};
 use crate::source::Source;
@@ -76,7 +76,7 @@ impl TarArchive {
             .collect();
         drop(indexes);
         if let Some(path) = save {
-            if let Err(e) = save_union(path, &index, &members, recursive) {
+            if let Err(e) = persist::save_union(path, &index, &members, recursive) {
                 tracing::warn!("cannot save the union's index to {}: {e}", path.display());
             }
         }
@@ -108,7 +108,7 @@ impl TarArchive {
         let first = &sources[0];
         let id = Identity::of(first, recursive);
         let loaded = persist::load(path, &id, first, |extra| {
-            let members = decode_members(extra, sources.len())?;
+            let members = persist::decode_union_members(extra, sources.len())?;
             // Offsets are checked against the members' streams once those are known.
             Some((members, vec![u64::MAX >> 16]))
         });
@@ -123,31 +123,7 @@ impl TarArchive {
                 return None;
             }
         };
-        let mut bodies = Vec::with_capacity(sources.len());
-        for (source, (saved, under)) in sources.into_iter().zip(members) {
-            if !Identity::of(&source, recursive).matches(&saved, &source) {
-                tracing::info!(
-                    "{} changed since the union's index was saved; rebuilding it",
-                    source.path().display()
-                );
-                return None;
-            }
-            // The member is as it was saved: its compression is known without reading it.
-            let codec = Under::codec(&under)?;
-            let len = source.len();
-            let (points, nested) = Under::decode(&under, codec, len)?;
-            if !nested.is_empty() {
-                return None;
-            }
-            bodies.push(match (codec, points) {
-                (Some(codec), Some(points)) => Body::Decoded(Box::new(
-                    Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())
-                        .ok()?,
-                )),
-                (None, None) => Body::Plain(source),
-                _ => return None,
-            });
-        }
+        let mut bodies = member_bodies(sources, members, recursive, how)?;
         let starts = starts_of(bodies.iter()).ok()?;
         let end = bodies.last().map(|b| b.len()).unwrap_or(0) + starts.last().copied().unwrap_or(0);
         if !persist::offsets_within(&index, end) {
@@ -164,6 +140,41 @@ impl TarArchive {
             starts,
         })
     }
+}
+
+/// The members' streams as the union's saved index describes them (`members`: each
+/// one's identity and what lies under its tar stream); `None` if one changed since.
+fn member_bodies(
+    sources: Vec<Arc<Source>>,
+    members: Vec<(Identity, Vec<u8>)>,
+    recursive: bool,
+    how: &Decoding,
+) -> Option<Vec<Body>> {
+    let mut bodies = Vec::with_capacity(sources.len());
+    for (source, (saved, under)) in sources.into_iter().zip(members) {
+        if !Identity::of(&source, recursive).matches(&saved, &source) {
+            tracing::info!(
+                "{} changed since the union's index was saved; rebuilding it",
+                source.path().display()
+            );
+            return None;
+        }
+        // The member is as it was saved: its compression is known without reading it.
+        let codec = Under::codec(&under)?;
+        let len = source.len();
+        let (points, nested) = Under::decode(&under, codec, len)?;
+        if !nested.is_empty() {
+            return None;
+        }
+        bodies.push(match (codec, points) {
+            (Some(codec), Some(points)) => Body::Decoded(Box::new(
+                Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref()).ok()?,
+            )),
+            (None, None) => Body::Plain(source),
+            _ => return None,
+        });
+    }
+    Some(bodies)
 }
 
 /// Where each member's stream starts in the merged index's data offsets: one after
@@ -205,43 +216,4 @@ fn open_sources(files: &[PathBuf]) -> Option<Vec<Arc<Source>>> {
     });
     let all: Vec<_> = opened.into_iter().collect::<Option<Vec<_>>>()?;
     Some(all.into_iter().flatten().collect())
-}
-
-fn save_union(path: &Path, index: &Index, members: &[TarArchive], recursive: bool) -> Result<()> {
-    let mut extra = Vec::new();
-    extra.extend_from_slice(&(members.len() as u64).to_le_bytes());
-    let mut first = None;
-    for m in members {
-        let source = m.body.source();
-        let id = Identity::of(source, recursive).read(source)?;
-        first.get_or_insert(id);
-        let under = Under::encode(m);
-        extra.extend_from_slice(&id.to_bytes());
-        extra.extend_from_slice(&(under.len() as u64).to_le_bytes());
-        extra.extend_from_slice(&under);
-    }
-    let first = first.ok_or_else(|| Error::Unsupported("a union of no archives".into()))?;
-    persist::save(path, index, &first, &extra)
-        .map_err(|e| Error::io(format!("cannot save {}", path.display()), e))
-}
-
-/// What [`save_union`] wrote for each of `count` members: its identity and what lies
-/// under its tar stream.
-fn decode_members(mut b: &[u8], count: usize) -> Option<Vec<(Identity, Vec<u8>)>> {
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (h, t) = b.split_at_checked(n)?;
-        b = t;
-        Some(h)
-    };
-    let n = u64::from_le_bytes(take(8)?.try_into().ok()?);
-    if n != count as u64 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(count);
-    for _ in 0..count {
-        let id = Identity::from_bytes(take(32)?.try_into().ok()?);
-        let len = usize::try_from(u64::from_le_bytes(take(8)?.try_into().ok()?)).ok()?;
-        out.push((id, take(len)?.to_vec()));
-    }
-    b.is_empty().then_some(out)
 }
