@@ -56,7 +56,7 @@ impl TarArchive {
         drop(parts);
         let mut index = match merged {
             Ok(index) => index,
-            Err(Error::Unsupported(_)) => {
+            Err(Error::Limit(_)) => {
                 for (m, ix) in members.iter_mut().zip(indexes) {
                     m.index = ix;
                 }
@@ -175,7 +175,7 @@ fn starts_of<'a>(bodies: impl Iterator<Item = &'a Body>) -> Result<Vec<u64>> {
         starts.push(end);
         end = end
             .checked_add(b.len().next_multiple_of(512))
-            .ok_or_else(|| Error::Unsupported("the archives hold over 2^64 bytes".into()))?;
+            .ok_or_else(|| Error::Limit("the archives hold over 2^64 bytes".into()))?;
     }
     Ok(starts)
 }
@@ -220,7 +220,7 @@ fn save_union(path: &Path, index: &Index, members: &[TarArchive], recursive: boo
         extra.extend_from_slice(&(under.len() as u64).to_le_bytes());
         extra.extend_from_slice(&under);
     }
-    let first = first.ok_or_else(|| Error::Unsupported("a union of no archives".into()))?;
+    let first = first.ok_or_else(|| Error::Usage("a union of no archives".into()))?;
     persist::save(path, index, &first, &extra)
         .map_err(|e| Error::io(format!("cannot save {}", path.display()), e))
 }
