@@ -5,7 +5,7 @@
 use std::io;
 use std::path::PathBuf;
 
-pub use super::mountpoint::Unusable;
+use super::mountpoint::Unusable;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
