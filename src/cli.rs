@@ -11,7 +11,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::archive::{self, Kind};
 use crate::cache::CacheConfig;
-use crate::job::{self, Settings};
+use crate::job::{self, JobError, Settings};
 use crate::open::OpenOptions;
 
 #[derive(Parser, Debug)]
@@ -273,8 +273,19 @@ enum Preload {
     Never,
 }
 
+/// A size that is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeError {
+    #[error("unknown size suffix in {0:?}; use K, M, G or T")]
+    Suffix(String),
+    #[error("{0:?} is not a size; write it like 512M or 2G")]
+    NotASize(String),
+    #[error("size {0:?} is out of range")]
+    Range(String),
+}
+
 /// Parses `512M`, `2G`, `1048576`, `64KiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let t = t
         .strip_suffix("iB")
@@ -287,7 +298,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 20,
                 'G' => 30,
                 'T' => 40,
-                _ => return Err(format!("unknown size suffix in {s:?}; use K, M, G or T")),
+                _ => return Err(SizeError::Suffix(s.to_owned())),
             };
             (&t[..i], shift)
         }
@@ -296,27 +307,41 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a size; write it like 512M or 2G"))?;
+        .map_err(|_| SizeError::NotASize(s.to_owned()))?;
     if !(0.0..1e19).contains(&n) {
-        return Err(format!("size {s:?} is out of range"));
+        return Err(SizeError::Range(s.to_owned()));
     }
     Ok((n * (1u64 << shift) as f64) as u64)
 }
 
-struct Failure(String);
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure(e.to_string())
-    }
+/// Why a command failed: `main` prints it, one line that says what to do, and exits 1.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// Mounting, running or unmounting.
+    #[error(transparent)]
+    Job(#[from] JobError),
+    /// Opening or reading an archive for an inspection command.
+    #[error(transparent)]
+    Archive(#[from] crate::error::Error),
+    /// Writing to standard output.
+    #[error(transparent)]
+    Output(#[from] std::io::Error),
+    #[error("--shared mounts serve in the background; drop -f")]
+    SharedInForeground,
+    #[error("unknown mount option {0:?}; archfs knows allow_other")]
+    MountOption(String),
+    #[error("--retry-for takes a positive number of seconds")]
+    RetryFor,
+    #[error("no subcommand {0:?}; see archfs --help")]
+    NoSubcommand(String),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
-        Err(Failure(msg)) => {
-            eprintln!("archfs: {msg}");
+        Err(e) => {
+            eprintln!("archfs: {e}");
             ExitCode::FAILURE
         }
     }
@@ -342,9 +367,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let mut s = settings(&args.paths, &args.serve)?;
             if args.shared {
                 if args.foreground {
-                    return Err(Failure(
-                        "--shared mounts serve in the background; drop -f".into(),
-                    ));
+                    return Err(Failure::SharedInForeground);
                 }
                 s.shared = true;
                 if s.auto_mountpoint {
@@ -501,9 +524,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let page = match subcommand {
                 None => cmd,
                 Some(name) => {
-                    let sub = cmd.find_subcommand(&name).ok_or_else(|| {
-                        Failure(format!("no subcommand {name:?}; see archfs --help"))
-                    })?;
+                    let sub = cmd
+                        .find_subcommand(&name)
+                        .ok_or_else(|| Failure::NoSubcommand(name.clone()))?;
                     sub.clone().name(format!("archfs-{name}"))
                 }
             };
@@ -562,11 +585,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         match o.as_str() {
             "allow_other" => allow_other = true,
             "ro" | "" => {}
-            other => {
-                return Err(Failure(format!(
-                    "unknown mount option {other:?}; archfs knows allow_other"
-                )))
-            }
+            other => return Err(Failure::MountOption(other.to_owned())),
         }
     }
     Ok(Settings {
@@ -586,7 +605,7 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
         retry_for: std::time::Duration::try_from_secs_f64(serve.retry_for)
             .ok()
             .filter(|d| !d.is_zero())
-            .ok_or_else(|| Failure("--retry-for takes a positive number of seconds".into()))?,
+            .ok_or(Failure::RetryFor)?,
         preload: match serve.preload {
             Preload::Auto => job::Preload::Auto,
             Preload::Always => job::Preload::Always,

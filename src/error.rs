@@ -30,9 +30,31 @@ pub enum Error {
     /// The archive contradicts itself: a bad offset, size or checksum.
     #[error("corrupt archive: {0}")]
     Corrupt(String),
-    /// A valid archive that uses something archfs cannot read.
+    /// A valid archive that uses something archfs cannot read (a SquashFS compressor,
+    /// a version of the format).
     #[error("{0}")]
     Unsupported(String),
+    /// Not an archive in a format archfs reads (an lz4 stream, a directory, a file that
+    /// is neither a SquashFS image nor a tar): the message says what to make instead.
+    #[error("{0}")]
+    NotArchive(String),
+    /// What was asked does not apply to what was named (a directory without archives,
+    /// an index of a SquashFS image, `..` in a path in an archive): the message says
+    /// what to ask instead.
+    #[error("{0}")]
+    Usage(String),
+    /// Past a limit of the system or of archfs (open files, entries in one index, bytes
+    /// of a union): the message says how to stay within it.
+    #[error("{0}")]
+    Limit(String),
+    /// The way to an object store is misconfigured (a profile, an endpoint, a CA
+    /// bundle): the message says what to fix.
+    #[error("{0}")]
+    Config(String),
+    /// The object store would not serve an archive it has (retries exhausted, no ranged
+    /// reads, the object replaced): the message says what was asked and what it said.
+    #[error("{0}")]
+    Remote(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -53,7 +75,14 @@ impl Error {
             Error::Loop => libc::ELOOP,
             Error::Absent(_) => libc::ENOENT,
             Error::Denied(_) => libc::EACCES,
-            Error::Corrupt(_) | Error::Unsupported(_) | Error::Io { .. } => libc::EIO,
+            Error::Corrupt(_)
+            | Error::Unsupported(_)
+            | Error::NotArchive(_)
+            | Error::Usage(_)
+            | Error::Limit(_)
+            | Error::Config(_)
+            | Error::Remote(_)
+            | Error::Io { .. } => libc::EIO,
         }
     }
 

@@ -75,7 +75,7 @@ fn open_format(
         return tar(source, Some(codec));
     }
     if magic == [0x04, 0x22, 0x4d, 0x18] {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::NotArchive(format!(
             "{} is an lz4-compressed archive, which archfs cannot read; decompress it once \
              (`lz4 -d FILE`) or recompress it with gzip, zstd, xz or bzip2",
             path.display()
@@ -84,7 +84,7 @@ fn open_format(
     if crate::tar::is_tar_start(&source) {
         return tar(source, None);
     }
-    Err(Error::Unsupported(format!(
+    Err(Error::NotArchive(format!(
         "{} is neither a SquashFS image nor a tar archive; create an image with \
          `mksquashfs DIR {}`",
         path.display(),
@@ -172,10 +172,7 @@ fn open_all(
                 .collect();
             inside.sort();
             if inside.is_empty() {
-                return Err(Error::Unsupported(format!(
-                    "{} holds no archives",
-                    p.display()
-                )));
+                return Err(Error::Usage(format!("{} holds no archives", p.display())));
             }
             files.extend(inside);
         } else {
@@ -298,7 +295,7 @@ fn room_for_descriptors(members: usize) -> Result<()> {
         }
     }
     if lim.rlim_max < members + SPARE {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::Limit(format!(
             "{members} archives need about {} open files, and this process may open {} \
              (`ulimit -Hn`): ask the site for a higher limit, or pack the shards into \
              fewer, larger archives",
@@ -351,12 +348,9 @@ fn open_side_by_side(
     for slot in slots {
         match slot.into_inner() {
             Some(opened) => members.push(opened?),
-            // Left after an error, which comes first in name order.
-            None => {
-                return Err(Error::Unsupported(
-                    "an archive of the union was not opened".into(),
-                ))
-            }
+            // Every name before the one that failed was taken and opened, so its error
+            // is returned above before a slot left empty is reached.
+            None => unreachable!("an archive of the union was not opened, and none failed"),
         }
     }
     Ok(members)
@@ -374,7 +368,7 @@ pub fn save_index(path: &Path, options: &OpenOptions) -> Result<String> {
         source.read_exact_at(0, &mut magic)?;
     }
     if &magic == b"hsqs" {
-        return Err(Error::Unsupported(format!(
+        return Err(Error::Usage(format!(
             "{} is a SquashFS image, which needs no index: it mounts at once",
             path.display()
         )));
@@ -433,7 +427,7 @@ pub fn check_bytes(data: &[u8], format: Format, limits: Limits) -> Result<Report
             let mut magic = [0u8; 4];
             source.read_exact_at(0, &mut magic)?;
             let codec = crate::compressed::Codec::detect(&magic)
-                .ok_or_else(|| Error::Unsupported("no compressed format's magic".into()))?;
+                .ok_or_else(|| Error::NotArchive("no compressed format's magic".into()))?;
             Box::new(crate::tar::TarArchive::build_compressed(
                 std::sync::Arc::new(source),
                 opts,
@@ -458,7 +452,7 @@ pub fn check_union_bytes(
     limits: Limits,
 ) -> Result<(Report, Option<Report>)> {
     let Some((&first, rest)) = data.split_first() else {
-        return Err(Error::Unsupported("no input".into()));
+        return Err(Error::NotArchive("no input".into()));
     };
     let count = 2 + usize::from(first % 2);
     let each = (rest.len() / count) / 512 * 512;
@@ -489,7 +483,7 @@ pub fn check_union_bytes(
         let source = Source::open(p)?;
         // As a mount takes a directory's files: those that start as a tar.
         if !crate::tar::is_tar_start(&source) {
-            return Err(Error::Unsupported("not a tar".into()));
+            return Err(Error::NotArchive("not a tar".into()));
         }
         members.push(TarArchive::build(
             Arc::new(source),
@@ -502,7 +496,7 @@ pub fn check_union_bytes(
     let _ = std::fs::remove_file(&saved);
     let merged = match TarArchive::union(members, false, Some(&saved))? {
         Ok(one) => check(&one, limits),
-        Err(_) => return Err(Error::Unsupported("not mergeable".into())),
+        Err(_) => return Err(Error::Usage("not mergeable".into())),
     };
     let again =
         TarArchive::union_from_saved(&paths, &saved, false, &how).map(|one| check(&one, limits));

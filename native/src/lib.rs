@@ -447,7 +447,7 @@ fn read_small(
     let left = attr.size.saturating_sub(offset);
     let want = size.map_or(left, |s| s.min(left));
     let len = usize::try_from(want)
-        .map_err(|_| Error::Unsupported("the file is too large to read at once".into()))?;
+        .map_err(|_| Error::Limit("the file is too large to read at once".into()))?;
     if len > SMALL_READ {
         return Ok(Found::Large { ino: attr.ino, len });
     }
@@ -591,11 +591,17 @@ fn to_py(e: Error, path: &[u8]) -> PyErr {
     Python::attach(|py| PyOSError::new_err((errno, e.to_string(), name(py, path).unbind())))
 }
 
-/// An archive that cannot be opened: not an archive (or one archfs cannot read) is a
-/// `ValueError`; a missing or unreadable file the `OSError` of its errno.
+/// An archive that cannot be opened: not an archive (or one archfs cannot read, or one
+/// past a limit, or an object store that would not serve it) is a `ValueError`; a
+/// missing or unreadable file the `OSError` of its errno.
 fn open_error(e: Error, path: &[u8]) -> PyErr {
     match e {
-        Error::Unsupported(m) => PyValueError::new_err(m),
+        Error::Unsupported(m)
+        | Error::NotArchive(m)
+        | Error::Usage(m)
+        | Error::Limit(m)
+        | Error::Config(m)
+        | Error::Remote(m) => PyValueError::new_err(m),
         Error::Corrupt(m) => PyValueError::new_err(format!(
             "{}: corrupt archive: {m}",
             String::from_utf8_lossy(path)

@@ -252,9 +252,7 @@ pub fn resolve(archive: &dyn Archive, path: &Path) -> Result<Attr> {
                 attr = archive.lookup(attr.ino, name.as_bytes())?;
             }
             std::path::Component::ParentDir => {
-                return Err(Error::Unsupported(
-                    "`..` is not allowed in archive paths".into(),
-                ))
+                return Err(Error::Usage("`..` is not allowed in archive paths".into()))
             }
             _ => {}
         }

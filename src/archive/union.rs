@@ -153,9 +153,7 @@ const PROBE_LIMIT: usize = 4;
 impl Union {
     pub fn new(members: Vec<Arc<dyn Archive>>) -> Result<Union> {
         if members.is_empty() || members.len() > usize::from(u16::MAX) {
-            return Err(Error::Unsupported(
-                "a union needs 1 to 65535 archives".into(),
-            ));
+            return Err(Error::Limit("a union needs 1 to 65535 archives".into()));
         }
         let mut first = Vec::with_capacity(members.len() + 1);
         let mut next = 0u64;
@@ -164,7 +162,7 @@ impl Union {
             next = next
                 .checked_add(m.ino_end())
                 .filter(|&n| n < MEMBER_BIT)
-                .ok_or_else(|| Error::Unsupported("too many inode numbers for a union".into()))?;
+                .ok_or_else(|| Error::Limit("too many inode numbers for a union".into()))?;
         }
         first.push(next);
         let u = Union {

@@ -681,7 +681,7 @@ impl ScanState<'_> {
             return Ok(false);
         }
         if self.end() > self.limit {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Limit(format!(
                 "the archive decodes to more than {} bytes",
                 self.limit
             )));

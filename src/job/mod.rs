@@ -15,6 +15,7 @@
 //!   meanwhile passes signals on to it, like an init wrapper (tini, dumb-init).
 
 pub mod attach;
+mod error;
 mod mount;
 pub mod mountpoint;
 pub mod shared;
@@ -38,6 +39,7 @@ use crate::fuse::Readdirplus;
 
 use crate::warm::preload::{self, Trigger};
 use crate::warm::push::Pusher;
+pub use error::JobError;
 pub use mount::Mount;
 use shared::{Locked, Registry};
 use signals::{block_signals, reset_signals, watch_owner, watch_signals, watch_users};
@@ -124,17 +126,17 @@ const FORWARDED: [i32; 9] = [
 /// `archfs mount` without `--foreground`: runs this same command line again as the
 /// server, in a session of its own, and returns the mount point once it reports the
 /// mount live (or fails with its error).
-pub fn mount_in_background() -> Result<PathBuf, String> {
+pub fn mount_in_background() -> Result<PathBuf, JobError> {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(format!("cannot create a pipe: {e}"));
+        return Err(JobError::system("create a pipe", e));
     }
     // SAFETY: pipe2 just returned these descriptors to us.
     let (read_end, write_end) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find archfs itself: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| JobError::system("find archfs itself", e))?;
     let mut cmd = Command::new(&exe);
     // `mount --ready-fd 3 ...`: right after the subcommand, before any `--`.
     let mut args = std::env::args_os().skip(1);
@@ -159,7 +161,7 @@ pub fn mount_in_background() -> Result<PathBuf, String> {
     }
     let mut server = cmd
         .spawn()
-        .map_err(|e| format!("cannot start the server {}: {e}", exe.display()))?;
+        .map_err(|e| JobError::system(format!("start the server {}", exe.display()), e))?;
     drop(write_end);
     let mut reply = Vec::new();
     let mut byte = [0u8; 1];
@@ -176,11 +178,9 @@ pub fn mount_in_background() -> Result<PathBuf, String> {
     let reply = String::from_utf8_lossy(&reply).into_owned();
     let status = server.wait();
     match reply.strip_prefix("error: ") {
-        Some(msg) => Err(msg.to_string()),
-        None => Err(format!(
-            "the server exited ({}) before the mount was ready; run with --foreground \
-             --debug to see why",
-            status.map_or_else(|e| e.to_string(), |s| s.to_string())
+        Some(msg) => Err(JobError::Server(msg.to_string())),
+        None => Err(JobError::ServerExited(
+            status.map_or_else(|e| e.to_string(), |s| s.to_string()),
         )),
     }
 }
@@ -188,7 +188,7 @@ pub fn mount_in_background() -> Result<PathBuf, String> {
 /// The server, in the foreground or started by [`mount_in_background`] (`ready_fd`):
 /// mounts, serves until an ending signal, the end of its owner (`--exit-with`) or an
 /// unmount from outside, then cleans up.
-pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
+pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, JobError> {
     let (log, ready_fd) = (server.log.as_deref(), server.ready_fd);
     crate::memory::bound_free_heap();
     let handled: Vec<i32> = ENDING.iter().chain(&IGNORED).copied().collect();
@@ -211,12 +211,12 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
     .and_then(|()| open_and_mount(s, tx.clone(), ready_fd.is_none() && log.is_none()));
     let (mut mount, plan) = match mount {
         Ok(m) => m,
-        Err(msg) if ready_fd.is_some() => {
+        Err(e) if ready_fd.is_some() => {
             // The parent prints it.
-            ready.send(&format!("error: {msg}"));
+            ready.send(&format!("error: {e}"));
             return Ok(ExitCode::FAILURE);
         }
-        Err(msg) => return Err(msg),
+        Err(e) => return Err(e),
     };
     // Before the mount is reported live, so `archfs mount` returns with the lister
     // started; quiet when the server's stderr is about to go to /dev/null.
@@ -269,7 +269,7 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, String> {
 /// `archfs run`: mounts, runs the command, passes signals on to it, and unmounts once it
 /// has ended; the exit status is the command's, 128+N if signal N ended it, 127 if it
 /// was not found and 126 if it could not be run.
-pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
+pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, JobError> {
     block_signals(&FORWARDED);
     init_logging(s.debug, false);
     let (tx, rx) = channel();
@@ -313,7 +313,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
                 let _ = tx.send(Event::Exited(status));
             }
         })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
+        .map_err(|e| JobError::system("start a thread", e))?;
     let status = loop {
         match rx.recv() {
             // A terminal's Ctrl-C or hang-up reached the command already: it is in the
@@ -333,7 +333,7 @@ pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, String> {
             ),
             Ok(Event::Exited(status)) => break status,
             Ok(Event::OwnerEnded(_) | Event::Unused(_)) => {}
-            Err(_) => return Err("lost track of the command".into()),
+            Err(_) => return Err(JobError::LostCommand),
         }
     };
     mount.unmount()?;
@@ -351,10 +351,10 @@ fn exit_code(status: ExitStatus) -> u8 {
 
 /// `archfs unmount`: unmounts (lazily if files are open) and, when that took effect at
 /// once, waits for the server to exit, so the mount point it created is gone on return.
-pub fn unmount(mountpoint: &Path) -> Result<(), String> {
+pub fn unmount(mountpoint: &Path) -> Result<(), JobError> {
     let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
     if !mountpoint::is_mount_point(&path) {
-        return Err(format!("{} is not mounted", path.display()));
+        return Err(JobError::NotMounted(path));
     }
     let servers = mountpoint::servers_of(&path);
     // The listing ahead has a directory open most of the time it runs, which would make
@@ -366,8 +366,10 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     mountpoint::wait_for_end(&listers, Duration::from_secs(2));
-    let how = mountpoint::unmount(&path)
-        .map_err(|e| format!("cannot unmount {}: {e}", path.display()))?;
+    let how = match mountpoint::unmount(&path) {
+        Ok(how) => how,
+        Err(source) => return Err(JobError::Unmount { path, source }),
+    };
     // After a lazy unmount the server exits when the last open file is closed.
     if how == mountpoint::Unmounted::Now {
         mountpoint::wait_for_end(&servers, Duration::from_secs(5));
@@ -378,11 +380,11 @@ pub fn unmount(mountpoint: &Path) -> Result<(), String> {
 /// `archfs mount --shared`: registers `owner` as a user of the mount and mounts it unless
 /// it is live already, all under the registry's lock, so other ranks wait for it to be
 /// live. Returns the mount point.
-pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, String> {
-    let path = std::path::absolute(&s.mountpoint).map_err(|e| e.to_string())?;
+pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, JobError> {
+    let path = std::path::absolute(&s.mountpoint).map_err(JobError::Shared)?;
     let registry = Registry::of(&path);
-    let lock = registry.lock().map_err(|e| e.to_string())?;
-    registry.join(&lock, owner).map_err(|e| e.to_string())?;
+    let lock = registry.lock().map_err(JobError::Shared)?;
+    registry.join(&lock, owner).map_err(JobError::Shared)?;
     let live = mountpoint::is_mount_point(&path) && std::fs::metadata(&path).is_ok();
     let result = if live {
         Ok(path)
@@ -397,10 +399,10 @@ pub fn mount_shared(s: &Settings, owner: i32) -> Result<PathBuf, String> {
 
 /// `archfs unmount --leave PID`: `pid` stops using a shared mount, which is unmounted if
 /// no one else uses it.
-pub fn leave_shared(mountpoint: &Path, pid: i32) -> Result<(), String> {
+pub fn leave_shared(mountpoint: &Path, pid: i32) -> Result<(), JobError> {
     let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned());
     let registry = Registry::of(&path);
-    let lock = registry.lock().map_err(|e| e.to_string())?;
+    let lock = registry.lock().map_err(JobError::Shared)?;
     registry.leave(&lock, pid);
     if registry.live_users(&lock) == 0 && mountpoint::is_mount_point(&path) {
         unmount(&path)?;
@@ -460,11 +462,9 @@ fn open_and_mount(
     s: &Settings,
     events: Sender<Event>,
     progress: bool,
-) -> Result<(Mount, Option<preload::Plan>), String> {
+) -> Result<(Mount, Option<preload::Plan>), JobError> {
     if s.index.is_some() && s.archives.len() > 1 {
-        return Err(
-            "--index names the index of one archive; with several, each keeps its own".into(),
-        );
+        return Err(JobError::IndexOfMany);
     }
     let cache = CacheConfig {
         total_bytes: s.cache_size,
@@ -489,8 +489,7 @@ fn open_and_mount(
     };
     // Copies of compressed archives start once the mount is live ([`serve`]).
     crate::compressed::hold_copies();
-    let archive =
-        crate::open::open_many(&s.archives, &cache, &options).map_err(|e| e.to_string())?;
+    let archive = crate::open::open_many(&s.archives, &cache, &options)?;
     tracing::info!("{}: {}", s.archives[0].display(), archive.format());
     // `always` decides what fits (and warns) before the mount goes live, while the
     // terminal still shows warnings.
@@ -614,17 +613,17 @@ pub fn init_logging(debug: bool, to_file: bool) {
 }
 
 /// Points stderr (and so the log) at `path`, or at /dev/null.
-fn redirect_stderr(path: Option<&Path>) -> Result<(), String> {
+fn redirect_stderr(path: Option<&Path>) -> Result<(), JobError> {
     let target = match path {
         Some(p) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(p)
-            .map_err(|e| format!("cannot open log file {}: {e}", p.display()))?,
+            .map_err(|e| JobError::system(format!("open log file {}", p.display()), e))?,
         None => std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/null")
-            .map_err(|e| format!("cannot open /dev/null: {e}"))?,
+            .map_err(|e| JobError::system("open /dev/null", e))?,
     };
     // SAFETY: both descriptors are open; dup2 replaces fd 2 atomically.
     unsafe { libc::dup2(target.as_raw_fd(), 2) };

@@ -10,7 +10,7 @@ use fuser::{Config, Session, SessionACL};
 
 use super::mountpoint::{self, Prepared};
 use super::watchdog::Watchdog;
-use super::{attach, Event, Settings};
+use super::{attach, Event, JobError, Settings};
 use crate::archive::Archive;
 use crate::fuse::vfs::Vfs;
 use crate::fuse::{ArchFs, Readdirplus};
@@ -76,23 +76,13 @@ impl Mount {
         trigger: Option<Arc<Trigger>>,
         push: Option<Arc<Pusher>>,
         events: Sender<Event>,
-    ) -> Result<Mount, String> {
+    ) -> Result<Mount, JobError> {
         if !Path::new("/dev/fuse").exists() {
-            return Err(
-                "/dev/fuse is missing: this machine or container has no FUSE (ask the \
-                 administrator to `modprobe fuse`, or start the container with \
-                 `--device /dev/fuse`); from Python, read the archive without a mount: \
-                 `archfs.open_archive(ARCHIVE)` or `archfs.torch.ImageFolder(ARCHIVE)`"
-                    .into(),
-            );
+            return Err(JobError::NoFuse);
         }
         if !mountpoint::is_root() && which("fusermount3").is_none() && which("fusermount").is_none()
         {
-            return Err(
-                "fusermount3 is not installed, and ordinary users need it to mount FUSE \
-                 filesystems; install the fuse3 package"
-                    .into(),
-            );
+            return Err(JobError::NoFusermount);
         }
         let fsname = std::fs::canonicalize(&s.archives[0])
             .unwrap_or_else(|_| s.archives[0].clone())
@@ -126,7 +116,7 @@ impl Mount {
         let (session, prepared, mut watchdog) = loop {
             let prepared = mountpoint::prepare(&s.mountpoint)?;
             let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
-                .map_err(|e| format!("cannot start the unmount watchdog: {e}"))?;
+                .map_err(|e| JobError::system("start the unmount watchdog", e))?;
             let fs = ArchFs::new(
                 Vfs::new(archive.clone(), trigger.clone()).with_push(push.clone()),
                 s.readdirplus,
@@ -169,7 +159,7 @@ impl Mount {
                 }
                 let _ = events.send(Event::Unmounted);
             })
-            .map_err(|e| format!("cannot start the FUSE session: {e}"))?;
+            .map_err(|e| JobError::system("start the FUSE session", e))?;
         Ok(Mount {
             prepared,
             watchdog: Some(watchdog),
@@ -197,20 +187,16 @@ impl Mount {
 
     /// Unmounts (lazily if files are still open), stops the watchdog and removes the
     /// mount point if it was created for this mount.
-    pub fn unmount(mut self) -> Result<(), String> {
+    pub fn unmount(mut self) -> Result<(), JobError> {
         // First, while the mount is served: the lister's open directories would make
         // the unmount lazy.
         if let Some(l) = self.lister.take() {
             l.stop();
         }
         let path = self.prepared.path.clone();
-        let result = mountpoint::unmount(&path).map(drop).map_err(|e| {
-            format!(
-                "cannot unmount {}: {e}; try `fusermount3 -u -z {}`",
-                path.display(),
-                path.display()
-            )
-        });
+        let result = mountpoint::unmount(&path)
+            .map(drop)
+            .map_err(|source| JobError::UnmountAtEnd { path, source });
         self.finish();
         result
     }
@@ -236,7 +222,7 @@ impl Mount {
     }
 }
 
-fn explain_mount_error(path: &Path, allow_other: bool, e: std::io::Error) -> String {
+fn explain_mount_error(path: &Path, allow_other: bool, e: std::io::Error) -> JobError {
     let msg = e.to_string().trim().replace('\n', " ");
     let hint = if allow_other && !mountpoint::is_root() {
         " (allow_other needs `user_allow_other` in /etc/fuse.conf)"
@@ -247,7 +233,11 @@ fn explain_mount_error(path: &Path, allow_other: bool, e: std::io::Error) -> Str
     } else {
         ""
     };
-    format!("cannot mount on {}: {msg}{hint}", path.display())
+    JobError::Mount {
+        path: path.to_owned(),
+        said: msg,
+        hint,
+    }
 }
 
 fn which(prog: &str) -> Option<PathBuf> {

@@ -20,53 +20,79 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Why a path cannot be mounted on, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Unusable {
+    #[error(
+        "{} is a stale mount (\"Transport endpoint is not connected\") and unmounting it \
+         failed: {source}; run `fusermount3 -u -z {}`",
+        path.display(),
+        path.display()
+    )]
+    Stale { path: PathBuf, source: io::Error },
+    #[error(
+        "mount point {} is not a directory; give an empty directory (or a path that does \
+         not exist yet)",
+        .0.display()
+    )]
+    NotDir(PathBuf),
+    #[error(
+        "{} is already a mount point; unmount it first with `archfs unmount {}`",
+        .0.display(),
+        .0.display()
+    )]
+    Mounted(PathBuf),
+    #[error(
+        "mount point {} is not empty; mount on an empty directory so nothing is hidden",
+        .0.display()
+    )]
+    NotEmpty(PathBuf),
+    /// It cannot be created, looked at, resolved or listed.
+    #[error("cannot {what} mount point {}: {source}", path.display())]
+    Io {
+        /// `create`, `use`, `resolve`, `read`.
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
 /// Makes `path` ready to mount on: recovers a stale FUSE mount left by a crashed server,
 /// creates a missing directory, and refuses a file, a live mount or a non-empty directory.
-pub fn prepare(path: &Path) -> Result<Prepared, String> {
+pub fn prepare(path: &Path) -> Result<Prepared, Unusable> {
+    let failed = |what, source| Unusable::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    };
     let mut created = false;
     match std::fs::metadata(path) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
             tracing::warn!("{} is a stale mount; unmounting it first", path.display());
-            lazy_unmount(path).map_err(|e| {
-                format!(
-                    "{} is a stale mount (\"Transport endpoint is not connected\") and \
-                     unmounting it failed: {e}; run `fusermount3 -u -z {}`",
-                    path.display(),
-                    path.display()
-                )
+            lazy_unmount(path).map_err(|source| Unusable::Stale {
+                path: path.to_owned(),
+                source,
             })?;
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(path)
-                .map_err(|e| format!("cannot create mount point {}: {e}", path.display()))?;
+            std::fs::create_dir_all(path).map_err(|e| failed("create", e))?;
             created = true;
         }
-        Err(e) => return Err(format!("cannot use mount point {}: {e}", path.display())),
-        Ok(m) if !m.is_dir() => {
-            return Err(format!(
-                "mount point {} is not a directory; give an empty directory (or a path \
-                 that does not exist yet)",
-                path.display()
-            ))
-        }
+        Err(e) => return Err(failed("use", e)),
+        Ok(m) if !m.is_dir() => return Err(Unusable::NotDir(path.to_owned())),
         Ok(_) => {}
     }
-    let path = std::fs::canonicalize(path)
-        .map_err(|e| format!("cannot resolve mount point {}: {e}", path.display()))?;
+    let path = std::fs::canonicalize(path).map_err(|e| failed("resolve", e))?;
     if is_mount_point(&path) {
-        return Err(format!(
-            "{} is already a mount point; unmount it first with `archfs unmount {}`",
-            path.display(),
-            path.display()
-        ));
+        return Err(Unusable::Mounted(path));
     }
-    let mut entries = std::fs::read_dir(&path)
-        .map_err(|e| format!("cannot read mount point {}: {e}", path.display()))?;
+    let mut entries = std::fs::read_dir(&path).map_err(|source| Unusable::Io {
+        what: "read",
+        path: path.clone(),
+        source,
+    })?;
     if entries.next().is_some() {
-        return Err(format!(
-            "mount point {} is not empty; mount on an empty directory so nothing is hidden",
-            path.display()
-        ));
+        return Err(Unusable::NotEmpty(path));
     }
     Ok(Prepared { path, created })
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::mountpoint;
 use super::shared::Registry;
-use super::Event;
+use super::{Event, JobError};
 
 fn sigset(signals: &[i32]) -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a plain sigset_t.
@@ -60,10 +60,10 @@ pub fn watch_signals(signals: &[i32], events: Sender<Event>) {
 
 /// Sends `Event::OwnerEnded` once process `pid` has ended: its pidfd (Linux 5.3+) turns
 /// readable, or, on older kernels, polling sees it gone or a zombie.
-pub fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
+pub fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), JobError> {
     let gone = move || mountpoint::start_time(pid).is_none();
     if gone() {
-        return Err(format!("--exit-with {pid}: there is no process {pid}"));
+        return Err(JobError::NoOwner(pid));
     }
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
@@ -85,13 +85,13 @@ pub fn watch_owner(pid: i32, events: Sender<Event>) -> Result<(), String> {
             }
             let _ = events.send(Event::OwnerEnded(pid));
         })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
+        .map_err(|e| JobError::system("start a thread", e))?;
     Ok(())
 }
 
 /// Sends `Event::Unused`, with the registry locked, once no user of a `--shared` mount is
 /// left; looks every 100 ms.
-pub fn watch_users(registry: Registry, events: Sender<Event>) -> Result<(), String> {
+pub fn watch_users(registry: Registry, events: Sender<Event>) -> Result<(), JobError> {
     std::thread::Builder::new()
         .name("archfs-users".into())
         .spawn(move || loop {
@@ -105,7 +105,7 @@ pub fn watch_users(registry: Registry, events: Sender<Event>) -> Result<(), Stri
             }
         })
         .map(drop)
-        .map_err(|e| format!("cannot start a thread: {e}"))
+        .map_err(|e| JobError::system("start a thread", e))
 }
 
 /// In the command's process, between fork and exec: an empty signal mask and the

@@ -59,7 +59,7 @@ impl LocalFile {
             .metadata()
             .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
         if meta.is_dir() {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::NotArchive(format!(
                 "{} is a directory, not an archive",
                 path.display()
             )));

@@ -42,7 +42,7 @@ impl Superblock {
     /// Parses and validates the superblock of an image of `file_len` bytes.
     pub fn parse(b: &[u8; SIZE], file_len: u64) -> Result<Superblock> {
         if &b[0..4] != b"hsqs" {
-            return Err(Error::Unsupported(
+            return Err(Error::NotArchive(
                 "not a SquashFS image (no 'hsqs' magic at offset 0)".into(),
             ));
         }

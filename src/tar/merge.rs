@@ -24,7 +24,7 @@ struct Pending {
 pub fn merge(members: &[(&Index, u64)]) -> Result<Index> {
     let total: usize = members.iter().map(|(ix, _)| ix.node_count()).sum();
     if total >= NONE as usize || members.len() >= NONE as usize {
-        return Err(Error::Unsupported(
+        return Err(Error::Limit(
             "too many entries for one index: over 4 billion".into(),
         ));
     }

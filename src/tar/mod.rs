@@ -741,7 +741,7 @@ fn index_archive(
             // was indexed, and decoding the start of each of 1,000 shards cost a remount
             // a third of its time.
             if !decodes_to_tar(&source, c) {
-                return Err(Error::Unsupported(format!(
+                return Err(Error::NotArchive(format!(
                     "{} is {}-compressed but holds no tar archive (or is damaged at its \
                      start); archfs mounts compressed tar archives and SquashFS images",
                     source.path().display(),

@@ -197,7 +197,7 @@ impl Nesting {
     pub fn enter(&mut self, found: &Found) -> Result<()> {
         let id = self.bodies.len() as u64 + 1;
         if id >= 1 << (64 - BODY_SHIFT) {
-            return Err(Error::Unsupported(
+            return Err(Error::Limit(
                 "more compressed tars inside the archive than archfs can open".into(),
             ));
         }

@@ -806,7 +806,7 @@ pub(super) fn save_union(
         extra.extend_from_slice(&(under.len() as u64).to_le_bytes());
         extra.extend_from_slice(&under);
     }
-    let first = first.ok_or_else(|| Error::Unsupported("a union of no archives".into()))?;
+    let first = first.ok_or_else(|| Error::Usage("a union of no archives".into()))?;
     save(path, index, &first, &extra)
         .map_err(|e| Error::io(format!("cannot save {}", path.display()), e))
 }

@@ -56,7 +56,7 @@ impl TarArchive {
         drop(parts);
         let mut index = match merged {
             Ok(index) => index,
-            Err(Error::Unsupported(_)) => {
+            Err(Error::Limit(_)) => {
                 for (m, ix) in members.iter_mut().zip(indexes) {
                     m.index = ix;
                 }
@@ -186,7 +186,7 @@ fn starts_of<'a>(bodies: impl Iterator<Item = &'a Body>) -> Result<Vec<u64>> {
         starts.push(end);
         end = end
             .checked_add(b.len().next_multiple_of(512))
-            .ok_or_else(|| Error::Unsupported("the archives hold over 2^64 bytes".into()))?;
+            .ok_or_else(|| Error::Limit("the archives hold over 2^64 bytes".into()))?;
     }
     Ok(starts)
 }

@@ -294,3 +294,18 @@ def test_s3_objects_read_in_process_in_forked_children_and_through_fsspec(aws, t
         assert fs.cat_file("train/dog/5.jpg", 3, 10) == want["train/dog/5.jpg"][3:10]
     with pytest.raises(FileNotFoundError, match="no such object"):
         archfs.open_archive("s3://inproc/absent.sqfs")
+
+
+def test_what_the_store_refuses_raises_the_exception_of_its_kind(aws, monkeypatch):
+    """A missing object or bucket is FileNotFoundError, credentials the store refuses
+    PermissionError: by the kind of the failed request, not its message's words."""
+    aws.client.create_bucket(Bucket="kinds")
+    aws.client.put_object(Bucket="kinds", Key="x.tar", Body=bytes(10240))
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        archfs.open_archive("s3://kinds/absent.tar")
+    with pytest.raises(FileNotFoundError, match="no such bucket"):
+        archfs.open_archive("s3://no-such-bucket-kinds/x.tar")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong/secret+0123456789abcdefghijklmnop")
+    with pytest.raises(PermissionError, match="secret key does not match") as err:
+        archfs.open_archive("s3://kinds/x.tar")
+    assert "wrong/secret" not in str(err.value)

@@ -46,6 +46,74 @@ pub struct S3Config {
     pub endpoint_from: String,
 }
 
+/// A configuration botocore (and so the AWS CLI) would refuse too, or one archfs cannot
+/// use: each says what to fix. Values are quoted by their first word only ([`first_word`]):
+/// a value run on into the next line may hold a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "AWS profile `{name}` (from {var}) is in neither {credentials} nor {config}; \
+         run `aws configure --profile {name}` or unset {var}"
+    )]
+    NoProfile {
+        name: String,
+        var: &'static str,
+        credentials: String,
+        config: String,
+    },
+    #[error(
+        "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; set both, or unset \
+         AWS_ACCESS_KEY_ID to use ~/.aws/credentials"
+    )]
+    NoSecretInEnvironment,
+    #[error(
+        "{from} has aws_access_key_id but no aws_secret_access_key; add it, or run \
+         `aws configure --profile {name}`"
+    )]
+    NoSecret { from: String, name: String },
+    #[error(
+        "AWS profile `{name}` gets its credentials through `{key}`, which archfs cannot do; \
+         export keys instead: eval \"$(aws configure export-credentials --profile {name} \
+         --format env)\" (AWS CLI v2)"
+    )]
+    CredentialsThrough { name: String, key: &'static str },
+    #[error(
+        "AWS region `{0}` is not a region name like eu-west-1; fix AWS_REGION, \
+         AWS_DEFAULT_REGION or the profile's `region`"
+    )]
+    BadRegion(String),
+    #[error(
+        "AWS profile `{name}` has `services = {services}` but {config} has no [services \
+         {services}] section; add one (with an `s3 =` block holding `endpoint_url`) or \
+         remove that line"
+    )]
+    NoServices {
+        name: String,
+        services: String,
+        config: String,
+    },
+    #[error("endpoint URL `{url}` (from {from}) is not of the form https://host[:port]; fix it")]
+    BadEndpoint { url: String, from: String },
+    #[error("{} is not UTF-8 text; fix or remove it", .0.display())]
+    NotUtf8(PathBuf),
+    /// Never quoting the line: it may hold a secret.
+    #[error(
+        "{} line {line}: {what} (the AWS CLI rejects this file too); fix that line",
+        path.display()
+    )]
+    Malformed {
+        path: PathBuf,
+        line: usize,
+        what: String,
+    },
+}
+
+impl From<ConfigError> for crate::error::Error {
+    fn from(e: ConfigError) -> Self {
+        crate::error::Error::Config(e.to_string())
+    }
+}
+
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 /// The profile's keys, each with the file it came from.
 type Profile<'a> = HashMap<&'a str, (&'a Val, &'a IniFile)>;
@@ -55,7 +123,7 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
     home: Option<&Path>,
     no_sign: bool,
-) -> Result<S3Config, String> {
+) -> Result<S3Config, ConfigError> {
     // An empty variable counts as unset: botocore skips empty keys and endpoints too.
     let var = |name: &str| env(name).filter(|v| !v.is_empty());
     let creds_file = load(env, "AWS_SHARED_CREDENTIALS_FILE", "credentials", home)?;
@@ -71,11 +139,12 @@ pub fn resolve(
         (creds.map(|c| &c.1), &creds_file),
     ];
     if let (Some((v, _)), [(None, _), (None, _)]) = (&named, sections) {
-        let (c, f) = (&creds_file.shown, &conf_file.shown);
-        return Err(format!(
-            "AWS profile `{name}` (from {v}) is in neither {c} nor {f}; \
-             run `aws configure --profile {name}` or unset {v}"
-        ));
+        return Err(ConfigError::NoProfile {
+            name: name.to_owned(),
+            var: v,
+            credentials: creds_file.shown.clone(),
+            config: conf_file.shown.clone(),
+        });
     }
     // As botocore merges them: a key in the credentials file beats the same key in the config file.
     let mut profile = Profile::new();
@@ -110,11 +179,7 @@ pub fn resolve(
         || region.ends_with('-')
         || !region.chars().all(ok)
     {
-        let r = first_word(&region);
-        return Err(format!(
-            "AWS region `{r}` is not a region name like eu-west-1; \
-             fix AWS_REGION, AWS_DEFAULT_REGION or the profile's `region`"
-        ));
+        return Err(ConfigError::BadRegion(first_word(&region)));
     }
     let (endpoint, endpoint_from) = find_endpoint(&var, name, &profile, &services, &conf_file)?;
     // botocore's AWS_S3_FORCE_PATH_STYLE; the `s3 =` block is the profile's, not its services'.
@@ -148,31 +213,28 @@ fn find_credentials(
     name: &str,
     profile: &Profile,
     [(conf, conf_file), (creds, creds_file)]: [(Option<&Section>, &IniFile); 2],
-) -> Result<(Option<Credentials>, String), String> {
-    let from_env = static_keys(|k| var(&k.to_uppercase())).map_err(|_| {
-        "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not; \
-         set both, or unset AWS_ACCESS_KEY_ID to use ~/.aws/credentials"
-    })?;
+) -> Result<(Option<Credentials>, String), ConfigError> {
+    let from_env =
+        static_keys(|k| var(&k.to_uppercase())).map_err(|()| ConfigError::NoSecretInEnvironment)?;
     if let Some(keys) = from_env {
         return Ok((Some(keys), "environment (AWS_ACCESS_KEY_ID)".into()));
     }
-    let unsupported = |keys: &[&str]| match keys.iter().find(|k| profile.contains_key(*k)) {
+    let unsupported = |keys: &[&'static str]| match keys.iter().find(|k| profile.contains_key(*k)) {
         None => Ok(()),
-        Some(k) => Err(format!(
-            "AWS profile `{name}` gets its credentials through `{k}`, which archfs cannot do; \
-             export keys instead: eval \"$(aws configure export-credentials --profile {name} \
-             --format env)\" (AWS CLI v2)"
-        )),
+        Some(&key) => Err(ConfigError::CredentialsThrough {
+            name: name.to_owned(),
+            key,
+        }),
     };
     let in_file = |section: Option<&Section>, file: &IniFile| {
         let from = format!("profile {name} in {}", file.name());
         let get = |k: &str| section?.get(k)?.text().map(String::from);
         match static_keys(get) {
             Ok(keys) => Ok(keys.map(|keys| (Some(keys), from))),
-            Err(()) => Err(format!(
-                "{from} has aws_access_key_id but no aws_secret_access_key; \
-                 add it, or run `aws configure --profile {name}`"
-            )),
+            Err(()) => Err(ConfigError::NoSecret {
+                from,
+                name: name.to_owned(),
+            }),
         }
     };
     unsupported(&[
@@ -214,7 +276,7 @@ fn find_endpoint(
     profile: &Profile,
     services: &Sections,
     conf_file: &IniFile,
-) -> Result<(Option<String>, String), String> {
+) -> Result<(Option<String>, String), ConfigError> {
     let text = |key: &str| {
         profile
             .get(key)
@@ -239,11 +301,11 @@ fn find_endpoint(
     if let (None, Some(s)) = (&found, text("services")) {
         // botocore raises InvalidConfigError for a missing or empty services section.
         let Some(section) = services.get(s).filter(|sec| !sec.is_empty()) else {
-            let (s, f) = (first_word(s), &conf_file.shown);
-            return Err(format!(
-                "AWS profile `{name}` has `services = {s}` but {f} has no [services {s}] section; \
-                 add one (with an `s3 =` block holding `endpoint_url`) or remove that line"
-            ));
+            return Err(ConfigError::NoServices {
+                name: name.to_owned(),
+                services: first_word(s),
+                config: conf_file.shown.clone(),
+            });
         };
         if let Some(Val::Nested(s3)) = section.get("s3") {
             let url = s3.get("endpoint_url").filter(|u| !u.is_empty());
@@ -270,10 +332,10 @@ fn find_endpoint(
         Some(host) if !host.is_empty() && !host.starts_with('/') && !odd => {
             Ok((Some(url.into()), from))
         }
-        _ => Err(format!(
-            "endpoint URL `{}` (from {from}) is not of the form https://host[:port]; fix it",
-            first_word(url)
-        )),
+        _ => Err(ConfigError::BadEndpoint {
+            url: first_word(url),
+            from,
+        }),
     }
 }
 
@@ -321,7 +383,7 @@ impl IniFile {
 
 /// Reads the file `var` names (else `~/.aws/{default}`), `~` expanded; missing or unreadable: no
 /// sections, as in botocore.
-fn load(env: Env, var: &str, default: &str, home: Option<&Path>) -> Result<IniFile, String> {
+fn load(env: Env, var: &str, default: &str, home: Option<&Path>) -> Result<IniFile, ConfigError> {
     let shown = env(var)
         .filter(|v| !v.is_empty())
         .unwrap_or(format!("~/.aws/{default}"));
@@ -335,7 +397,7 @@ fn load(env: Env, var: &str, default: &str, home: Option<&Path>) -> Result<IniFi
     // configparser skips a file it cannot open; text not UTF-8 is botocore's ConfigParseError.
     if let Some(Ok(bytes)) = path.as_ref().filter(|p| p.is_file()).map(std::fs::read) {
         let p = path.as_deref().unwrap_or(Path::new(""));
-        let not_utf8 = |_| format!("{} is not UTF-8 text; fix or remove it", p.display());
+        let not_utf8 = |_| ConfigError::NotUtf8(p.to_owned());
         sections = parse_ini(&String::from_utf8(bytes).map_err(not_utf8)?, p)?;
     }
     Ok(IniFile {
@@ -349,11 +411,11 @@ fn load(env: Env, var: &str, default: &str, home: Option<&Path>) -> Result<IniFi
 /// whole-line `#`/`;` comments, a line indented deeper than its key continues the value, duplicates
 /// are errors, `[DEFAULT]`'s keys go into every section; then botocore reads a value that starts on
 /// the next line as a block of `k = v` lines.
-fn parse_ini(text: &str, path: &Path) -> Result<Vec<(String, Section)>, String> {
-    // Never quote the line: it may hold a secret.
-    let bad = |n: usize, what: &str| {
-        let p = path.display();
-        format!("{p} line {n}: {what} (the AWS CLI rejects this file too); fix that line")
+fn parse_ini(text: &str, path: &Path) -> Result<Vec<(String, Section)>, ConfigError> {
+    let bad = |line: usize, what: &str| ConfigError::Malformed {
+        path: path.to_owned(),
+        line,
+        what: what.to_owned(),
     };
     let mut raw: Vec<(String, Vec<(String, Lines)>)> = Vec::new();
     let (mut in_value, mut indent) = (false, 0);
@@ -503,7 +565,7 @@ mod tests {
     impl Home {
         fn run(&self, vars: Vars, no_sign: bool) -> Result<S3Config, String> {
             let map: HashMap<_, _> = vars.iter().map(|(k, v)| (*k, v.to_string())).collect();
-            resolve(&|k| map.get(k).cloned(), Some(&self.0), no_sign)
+            resolve(&|k| map.get(k).cloned(), Some(&self.0), no_sign).map_err(|e| e.to_string())
         }
         fn ok(&self, vars: Vars) -> S3Config {
             self.run(vars, false).unwrap()

@@ -1,7 +1,8 @@
 //! The requests archfs sends to an object store: ranged GETs, the first for size and
 //! ETag, the others read straight into the caller's buffer, on a blocking client shared by every thread,
 //! with one limit on requests in flight and retries with backoff and jitter. A request
-//! that fails past its retries is one error that says what and where, never a hang.
+//! that fails past its retries is one error that says what and where, never a hang: a
+//! [`RequestError`], whose kind alone decides the [`Error`] it becomes.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -71,6 +72,94 @@ pub struct Meta {
     pub first: Vec<u8>,
 }
 
+/// Why a request failed: what [`Error`] (and so errno, and Python exception) it becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// 404: no such key (or, over plain HTTP, no such object).
+    NoSuchKey,
+    /// 404 NoSuchBucket.
+    NoSuchBucket,
+    /// 403: the credentials (or their absence) may not read it.
+    Denied,
+    /// 412: the object's ETag changed since it was opened.
+    Replaced,
+    /// The bucket is in another region than the request was signed for.
+    WrongRegion,
+    /// The server does not serve parts of objects.
+    NoRanges,
+    /// The server's TLS certificate is not trusted.
+    Untrusted,
+    /// What might have passed (a reset, a timeout, 5xx) failed past the retries.
+    GaveUp,
+    /// An answer archfs cannot read (no Content-Range, a malformed listing).
+    Malformed,
+    /// The caller's handling of the bytes failed (writing the node's copy).
+    Local,
+    /// Any other status, or a request that cannot be sent.
+    Other,
+}
+
+/// A request that failed: what was asked, what the server (or the transport) said, and
+/// what to do about it.
+#[derive(Debug)]
+pub struct RequestError {
+    kind: Kind,
+    /// `GET s3://BUCKET/KEY (bytes=0-8191) from ENDPOINT`; `None` for what is said of
+    /// an answer as a whole (a malformed listing names it itself).
+    what: Option<String>,
+    why: String,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.what {
+            Some(what) => write!(f, "{what}: {}", self.why),
+            None => f.write_str(&self.why),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// The one place a failed request becomes an [`Error`]: by its kind, so a Python caller
+/// gets `FileNotFoundError` for a missing object or bucket, `PermissionError` for one
+/// the credentials may not read, whatever the message says.
+impl From<RequestError> for Error {
+    fn from(e: RequestError) -> Error {
+        let message = e.to_string();
+        match e.kind {
+            Kind::NoSuchKey | Kind::NoSuchBucket => Error::Absent(message),
+            Kind::Denied => Error::Denied(message),
+            Kind::Replaced
+            | Kind::WrongRegion
+            | Kind::NoRanges
+            | Kind::Untrusted
+            | Kind::GaveUp
+            | Kind::Malformed
+            | Kind::Local
+            | Kind::Other => Error::Remote(message),
+        }
+    }
+}
+
+/// A CA bundle that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("cannot read the CA bundle {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the CA bundle {} holds no certificate", path.display())]
+    Empty { path: PathBuf },
+}
+
+impl From<BundleError> for Error {
+    fn from(e: BundleError) -> Error {
+        Error::Config(e.to_string())
+    }
+}
+
 /// The blocking HTTP client of one mount.
 pub struct Client {
     /// Connections for reads (and the rest but the copy's GETs): kept apart from the
@@ -92,7 +181,7 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// The process's client for `ca_bundle`: one per bundle, so the limit on requests in
     /// flight holds for all objects of a mount together.
-    pub fn shared(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
+    pub fn shared(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, BundleError> {
         // A forked child's own: the parent's pooled connections are the parent's.
         type Clients = Mutex<Vec<(Option<PathBuf>, Arc<Client>)>>;
         static CLIENTS: PerProcess<Clients> = PerProcess::new();
@@ -107,7 +196,7 @@ impl Client {
 
     /// A client trusting the CA certificates in `ca_bundle`, else those of
     /// `SSL_CERT_FILE` or the system's bundle, else Mozilla's.
-    fn new(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, String> {
+    fn new(ca_bundle: Option<&PathBuf>) -> Result<Arc<Client>, BundleError> {
         let roots = match roots(ca_bundle)? {
             Some(certs) => RootCerts::Specific(Arc::new(certs)),
             None => RootCerts::WebPki,
@@ -137,7 +226,7 @@ impl Client {
     /// from a ranged GET rather than a HEAD: an error comes with S3's XML body (which
     /// bucket or key is missing), a server that ignores ranges is found at once, and the
     /// format's first look at the archive costs no round trip of its own.
-    pub fn head(&self, t: &Target) -> Result<Meta, String> {
+    pub fn head(&self, t: &Target) -> Result<Meta, RequestError> {
         let range = format!("bytes=0-{}", FIRST - 1);
         self.send(t, &Call::range(range, None), |resp| {
             let h = resp.headers();
@@ -148,7 +237,9 @@ impl Client {
             let size = text("content-range")
                 .and_then(|v| v.rsplit_once('/'))
                 .and_then(|(_, total)| total.trim().parse().ok())
-                .ok_or_else(|| Failure::Final("the server sent no Content-Range".into()))?;
+                .ok_or_else(|| {
+                    Failure::Final(Kind::Malformed, "the server sent no Content-Range".into())
+                })?;
             let mut meta = Meta {
                 size,
                 etag: text("etag").map(str::to_owned),
@@ -173,7 +264,7 @@ impl Client {
         etag: Option<&str>,
         at: u64,
         buf: &mut [u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), RequestError> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -194,15 +285,16 @@ impl Client {
     /// Bytes `[at, at + len)` of the object in one ranged GET that fails unless the
     /// object still has `etag`, handed to `each` as they arrive, `part` bytes at a time
     /// (the last part may be shorter) with their offset. A retry skips what was handed
-    /// over already, so every part is handed over once.
-    pub fn get_parts(
+    /// over already, so every part is handed over once. An error of `each` ends the
+    /// request as [`Kind::Local`].
+    pub fn get_parts<E: std::fmt::Display>(
         &self,
         t: &Target,
         etag: Option<&str>,
         (at, len): (u64, u64),
         part: u64,
-        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
-    ) -> Result<(), String> {
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<(), RequestError> {
         if len == 0 {
             return Ok(());
         }
@@ -226,7 +318,7 @@ impl Client {
                     .map_err(|e| Failure::Retry(format!("reading the response: {e}")))?;
                 BYTES.fetch_add(n, Ordering::Relaxed);
                 if got >= handed {
-                    each(at + got, &buf).map_err(Failure::Final)?;
+                    each(at + got, &buf).map_err(|e| Failure::Final(Kind::Local, e.to_string()))?;
                     handed = got + n;
                 }
                 got += n;
@@ -236,7 +328,7 @@ impl Client {
     }
 
     /// The whole object written to `out`; `false` when there is no such object.
-    pub fn get_to(&self, t: &Target, out: &mut std::fs::File) -> Result<bool, String> {
+    pub fn get_to(&self, t: &Target, out: &mut std::fs::File) -> Result<bool, RequestError> {
         use std::io::{Seek, Write};
         let call = Call {
             missing_ok: true,
@@ -257,7 +349,7 @@ impl Client {
     }
 
     /// Stores `body` as the object.
-    pub fn put(&self, t: &Target, body: &[u8]) -> Result<(), String> {
+    pub fn put(&self, t: &Target, body: &[u8]) -> Result<(), RequestError> {
         let call = Call {
             body,
             ..Call::plain("PUT")
@@ -267,7 +359,7 @@ impl Client {
 
     /// The keys and sizes of the objects directly under `prefix` in the bucket `t`
     /// (a ListObjectsV2 with `/` as delimiter, every page), in name order.
-    pub fn list(&self, t: &Target, prefix: &str) -> Result<Vec<(String, u64)>, String> {
+    pub fn list(&self, t: &Target, prefix: &str) -> Result<Vec<(String, u64)>, RequestError> {
         let mut found = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -300,7 +392,13 @@ impl Client {
                 let size = xml_field(item, "Size").and_then(|s| s.parse().ok());
                 match (key, size) {
                     (Some(k), Some(s)) => found.push((k, s)),
-                    _ => return Err(format!("the listing of {} is malformed", t.name)),
+                    _ => {
+                        return Err(RequestError {
+                            kind: Kind::Malformed,
+                            what: None,
+                            why: format!("the listing of {} is malformed", t.name),
+                        })
+                    }
                 }
             }
             token = xml_field(&page, "NextContinuationToken").map(|k| xml_unescape(&k));
@@ -321,7 +419,7 @@ impl Client {
         t: &Target,
         call: &Call<'_>,
         mut done: impl FnMut(&mut ureq::http::Response<ureq::Body>) -> Result<T, Failure>,
-    ) -> Result<T, String> {
+    ) -> Result<T, RequestError> {
         let start = Instant::now();
         let what = match &call.range {
             Some(r) => format!("{} {} ({r}) from {}", call.method, t.name, t.endpoint),
@@ -350,14 +448,24 @@ impl Client {
             );
             match result {
                 Ok(v) => return Ok(v),
-                Err(Failure::Final(why)) => return Err(format!("{what}: {why}")),
+                Err(Failure::Final(kind, why)) => {
+                    return Err(RequestError {
+                        kind,
+                        what: Some(what),
+                        why,
+                    })
+                }
                 Err(Failure::Retry(why)) => {
                     let pause = backoff(attempt);
                     if attempt >= ATTEMPTS || start.elapsed() + pause > t.budget {
-                        return Err(format!(
-                            "{what}: {why} (gave up after {attempt} attempts in {:.1} s)",
-                            start.elapsed().as_secs_f64()
-                        ));
+                        return Err(RequestError {
+                            kind: Kind::GaveUp,
+                            what: Some(what),
+                            why: format!(
+                                "{why} (gave up after {attempt} attempts in {:.1} s)",
+                                start.elapsed().as_secs_f64()
+                            ),
+                        });
                     }
                     tracing::debug!("{what}: {why}; retrying in {pause:?}");
                     std::thread::sleep(pause);
@@ -480,10 +588,11 @@ impl<'a> Call<'a> {
     }
 }
 
+/// How one attempt failed.
 enum Failure {
     /// Worth another attempt.
     Retry(String),
-    Final(String),
+    Final(Kind, String),
 }
 
 /// Reads a response to its end, so that its connection goes back to the pool for the
@@ -503,23 +612,31 @@ fn transport(e: ureq::Error) -> Failure {
     let tls =
         matches!(e, ureq::Error::Rustls(_) | ureq::Error::Tls(_)) || said.contains("certificate");
     if tls {
-        return Failure::Final(format!(
-            "{said}; the server's TLS certificate is not trusted: point AWS_CA_BUNDLE (or \
-             ca_bundle in the profile, or SSL_CERT_FILE) at your site's CA bundle"
-        ));
+        return Failure::Final(
+            Kind::Untrusted,
+            format!(
+                "{said}; the server's TLS certificate is not trusted: point AWS_CA_BUNDLE \
+                 (or ca_bundle in the profile, or SSL_CERT_FILE) at your site's CA bundle"
+            ),
+        );
     }
     match e {
-        ureq::Error::BadUri(_) | ureq::Error::RequireHttpsOnly(_) => Failure::Final(said),
+        ureq::Error::BadUri(_) | ureq::Error::RequireHttpsOnly(_) => {
+            Failure::Final(Kind::Other, said)
+        }
         _ => Failure::Retry(said),
     }
 }
 
 fn no_ranges(status: u16) -> Failure {
-    Failure::Final(format!(
-        "the server answered a range request with status {status} instead of 206: it \
+    Failure::Final(
+        Kind::NoRanges,
+        format!(
+            "the server answered a range request with status {status} instead of 206: it \
          does not serve parts of objects, which archfs needs; copy the archive to a \
          local path instead"
-    ))
+        ),
+    )
 }
 
 /// An error status as a [`Failure`] that says what to do about it.
@@ -549,58 +666,59 @@ fn classify(
         return Err(Failure::Retry(said));
     }
     let creds = &t.credentials_from;
-    let hint = match (status, code.as_deref().unwrap_or("")) {
-        (403, "SignatureDoesNotMatch") => {
-            format!("the secret key does not match the access key (credentials from {creds})")
-        }
-        (403, "InvalidAccessKeyId") => format!(
-            "the access key is unknown to {} (credentials from {creds})",
-            t.endpoint
+    let (kind, hint) = match (status, code.as_deref().unwrap_or("")) {
+        (403, "SignatureDoesNotMatch") => (
+            Kind::Denied,
+            format!("the secret key does not match the access key (credentials from {creds})"),
         ),
-        (403, _) if t.signer.is_none() => {
+        (403, "InvalidAccessKeyId") => (
+            Kind::Denied,
+            format!(
+                "the access key is unknown to {} (credentials from {creds})",
+                t.endpoint
+            ),
+        ),
+        (403, _) if t.signer.is_none() => (
+            Kind::Denied,
             "anonymous access refused: configure credentials (AWS_ACCESS_KEY_ID, \
              AWS_PROFILE or ~/.aws/credentials)"
-                .to_owned()
-        }
-        (403, _) => format!(
-            "access denied to these credentials (from {creds}); for a public object try \
-             --no-sign-request"
+                .to_owned(),
         ),
-        (404, "NoSuchBucket") => "there is no such bucket: check the name and the endpoint".into(),
-        (404, _) => "there is no such object: check the bucket and key".into(),
-        (412, _) => "the object was replaced since it was mounted (its ETag changed); \
-                     remount to read the new one"
-            .into(),
-        (301 | 307 | 400, "PermanentRedirect" | "AuthorizationHeaderMalformed") => {
-            "the bucket is in another region: set AWS_REGION".into()
-        }
-        _ => String::new(),
+        (403, _) => (
+            Kind::Denied,
+            format!(
+                "access denied to these credentials (from {creds}); for a public object \
+                 try --no-sign-request"
+            ),
+        ),
+        (404, "NoSuchBucket") => (
+            Kind::NoSuchBucket,
+            "there is no such bucket: check the name and the endpoint".into(),
+        ),
+        (404, _) => (
+            Kind::NoSuchKey,
+            "there is no such object: check the bucket and key".into(),
+        ),
+        (412, _) => (
+            Kind::Replaced,
+            "the object was replaced since it was mounted (its ETag changed); remount to \
+             read the new one"
+                .into(),
+        ),
+        (301 | 307 | 400, "PermanentRedirect" | "AuthorizationHeaderMalformed") => (
+            Kind::WrongRegion,
+            "the bucket is in another region: set AWS_REGION".into(),
+        ),
+        _ => (Kind::Other, String::new()),
     };
-    Err(Failure::Final(if hint.is_empty() {
-        said
-    } else {
-        format!("{said}; {hint}")
-    }))
-}
-
-/// An object the server would not give, as the error whose errno says why (a Python
-/// caller gets `FileNotFoundError` or `PermissionError`), by the hints above.
-pub fn refusal(message: String) -> Error {
-    if message.contains("there is no such object") || message.contains("there is no such bucket") {
-        Error::Absent(message)
-    } else if [
-        "the secret key does not match",
-        "the access key is unknown",
-        "anonymous access refused",
-        "access denied to these credentials",
-    ]
-    .iter()
-    .any(|hint| message.contains(hint))
-    {
-        Error::Denied(message)
-    } else {
-        Error::Unsupported(message)
-    }
+    Err(Failure::Final(
+        kind,
+        if hint.is_empty() {
+            said
+        } else {
+            format!("{said}; {hint}")
+        },
+    ))
 }
 
 /// The bodies of the `<name>` elements of an XML document.
@@ -718,7 +836,7 @@ fn http_date(s: &str) -> Option<i64> {
 /// bundle where the distribution keeps it; `None` leaves Mozilla's roots.
 fn roots(
     ca_bundle: Option<&PathBuf>,
-) -> Result<Option<Vec<ureq::tls::Certificate<'static>>>, String> {
+) -> Result<Option<Vec<ureq::tls::Certificate<'static>>>, BundleError> {
     let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
     let explicit = ca_bundle.cloned().or(env);
     let path = match &explicit {
@@ -737,8 +855,10 @@ fn roots(
             None => return Ok(None),
         },
     };
-    let pem = std::fs::read(&path)
-        .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
+    let pem = std::fs::read(&path).map_err(|source| BundleError::Unreadable {
+        path: path.clone(),
+        source,
+    })?;
     let certs: Vec<_> = ureq::tls::parse_pem(&pem)
         .filter_map(|item| match item {
             Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
@@ -747,10 +867,7 @@ fn roots(
         .collect();
     if certs.is_empty() {
         if explicit.is_some() {
-            return Err(format!(
-                "the CA bundle {} holds no certificate",
-                path.display()
-            ));
+            return Err(BundleError::Empty { path });
         }
         return Ok(None);
     }
@@ -795,6 +912,119 @@ mod tests {
         );
         assert_eq!(xml_unescape("x &bogus; &amp"), "x &bogus; &amp");
         assert_eq!(query_encode("a b/c~"), "a%20b%2Fc~");
+    }
+
+    fn target(signed: bool) -> Target {
+        Target {
+            url: "https://b.s3.example/k".into(),
+            host: "b.s3.example".into(),
+            path: "/k".into(),
+            name: "s3://b/k".into(),
+            endpoint: "https://s3.example".into(),
+            signer: signed.then(|| {
+                let keys = Credentials {
+                    access_key: "AKID".into(),
+                    secret_key: "secret".into(),
+                    session_token: None,
+                };
+                (keys, "us-east-1".into())
+            }),
+            credentials_from: "the test".into(),
+            budget: BUDGET,
+        }
+    }
+
+    /// The kind `classify` gives an answer of `status` with S3's error `code`.
+    fn kind_of(status: u16, code: Option<&str>, signed: bool) -> Kind {
+        let body = code.map_or(String::new(), |c| {
+            format!("<Error><Code>{c}</Code><Message>m</Message></Error>")
+        });
+        let mut resp = ureq::http::Response::builder()
+            .status(status)
+            .body(ureq::Body::builder().data(body))
+            .unwrap();
+        match classify(&target(signed), &Call::plain("GET"), &mut resp) {
+            Err(Failure::Final(kind, _)) => kind,
+            Err(Failure::Retry(why)) => panic!("{status} {code:?}: retried ({why})"),
+            Ok(()) => panic!("{status} {code:?}: taken as an answer"),
+        }
+    }
+
+    /// The error a failed request of `kind` becomes, whatever its message says: the
+    /// message here claims the opposite of every kind.
+    fn error_of(kind: Kind) -> Error {
+        Error::from(RequestError {
+            kind,
+            what: Some("GET s3://b/k from https://s3.example".into()),
+            why: "access denied; there is no such object".into(),
+        })
+    }
+
+    #[test]
+    fn statuses_become_kinds() {
+        assert_eq!(kind_of(404, Some("NoSuchKey"), true), Kind::NoSuchKey);
+        assert_eq!(kind_of(404, None, false), Kind::NoSuchKey);
+        assert_eq!(kind_of(404, Some("NoSuchBucket"), true), Kind::NoSuchBucket);
+        for code in [
+            "AccessDenied",
+            "SignatureDoesNotMatch",
+            "InvalidAccessKeyId",
+        ] {
+            assert_eq!(kind_of(403, Some(code), true), Kind::Denied, "{code}");
+        }
+        assert_eq!(kind_of(403, Some("AccessDenied"), false), Kind::Denied);
+        assert_eq!(
+            kind_of(412, Some("PreconditionFailed"), true),
+            Kind::Replaced
+        );
+        assert_eq!(
+            kind_of(301, Some("PermanentRedirect"), true),
+            Kind::WrongRegion
+        );
+        assert_eq!(
+            kind_of(400, Some("AuthorizationHeaderMalformed"), true),
+            Kind::WrongRegion
+        );
+        assert_eq!(kind_of(400, Some("InvalidArgument"), true), Kind::Other);
+        assert_eq!(kind_of(405, None, true), Kind::Other);
+    }
+
+    #[test]
+    fn kinds_become_errors_by_kind_not_message() {
+        assert!(matches!(error_of(Kind::NoSuchKey), Error::Absent(_)));
+        assert!(matches!(error_of(Kind::NoSuchBucket), Error::Absent(_)));
+        assert!(matches!(error_of(Kind::Denied), Error::Denied(_)));
+        for kind in [
+            Kind::Replaced,
+            Kind::WrongRegion,
+            Kind::NoRanges,
+            Kind::Untrusted,
+            Kind::GaveUp,
+            Kind::Malformed,
+            Kind::Local,
+            Kind::Other,
+        ] {
+            assert!(matches!(error_of(kind), Error::Remote(_)), "{kind:?}");
+        }
+        // The errno a read through the mount gets, and what Python raises.
+        assert_eq!(error_of(Kind::NoSuchKey).errno(), libc::ENOENT);
+        assert_eq!(error_of(Kind::Denied).errno(), libc::EACCES);
+        assert_eq!(error_of(Kind::GaveUp).errno(), libc::EIO);
+    }
+
+    #[test]
+    fn messages_say_what_was_asked_and_why() {
+        let e = error_of(Kind::Other);
+        assert_eq!(
+            e.to_string(),
+            "GET s3://b/k from https://s3.example: access denied; there is no such object"
+        );
+        let listing = RequestError {
+            kind: Kind::Malformed,
+            what: None,
+            why: "the listing of s3://b/ is malformed".into(),
+        };
+        assert_eq!(listing.to_string(), "the listing of s3://b/ is malformed");
     }
 
     #[test]

@@ -134,25 +134,25 @@ impl RemoteObject {
         let location = Location::parse(name)?;
         Some(
             location
-                .map_err(Error::Unsupported)
+                .map_err(Error::from)
                 .and_then(|l| Self::open_at(l, options)),
         )
     }
 
     fn open_at(location: Location, options: &RemoteOptions) -> Result<RemoteObject> {
         if let Location::S3Prefix { .. } = location {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Usage(format!(
                 "{} is a prefix, not an object: mount it to see the archives under it as \
                  one tree, or name one object (s3://BUCKET/KEY)",
                 location.name()
             )));
         }
-        let (target, ca_bundle) = target(&location, options).map_err(Error::Unsupported)?;
-        let client = http::Client::shared(ca_bundle.as_ref()).map_err(Error::Unsupported)?;
+        let (target, ca_bundle) = target(&location, options)?;
+        let client = http::Client::shared(ca_bundle.as_ref())?;
         let (meta, how) = match inherited(&target.url) {
             Some(meta) => (meta, " (as the process it was forked from found it)"),
             None => {
-                let meta = client.head(&target).map_err(http::refusal)?;
+                let meta = client.head(&target)?;
                 remember(&target.url, &meta);
                 (meta, "")
             }
@@ -263,7 +263,7 @@ fn inherited(url: &str) -> Option<http::Meta> {
 fn target(
     location: &Location,
     options: &RemoteOptions,
-) -> std::result::Result<(http::Target, Option<PathBuf>), String> {
+) -> std::result::Result<(http::Target, Option<PathBuf>), config::ConfigError> {
     let budget = options.retry_for.unwrap_or(http::BUDGET);
     match location {
         Location::Http { url } => {
@@ -348,12 +348,18 @@ pub fn list_prefix(name: &Path, options: &RemoteOptions) -> Option<Result<Vec<Pa
     let Location::S3Prefix { bucket, prefix } = &location else {
         unreachable!()
     };
-    let listed = target(&location, options).and_then(|(t, ca)| {
-        let client = http::Client::shared(ca.as_ref())?;
-        client.list(&t, prefix)
-    });
+    let listed = target(&location, options)
+        .map_err(Error::from)
+        .and_then(|(t, ca)| Ok((t, http::Client::shared(ca.as_ref())?)))
+        .and_then(|(t, client)| {
+            // Whatever its kind: a prefix that cannot be listed is an error of the
+            // store's (a ValueError in Python), as it always was, not a missing file.
+            client
+                .list(&t, prefix)
+                .map_err(|e| Error::Remote(e.to_string()))
+        });
     Some(match listed {
-        Err(e) => Err(Error::Unsupported(e)),
+        Err(e) => Err(e),
         Ok(keys) => {
             let names: Vec<PathBuf> = keys
                 .into_iter()
@@ -361,7 +367,7 @@ pub fn list_prefix(name: &Path, options: &RemoteOptions) -> Option<Result<Vec<Pa
                 .map(|(k, _)| PathBuf::from(format!("s3://{bucket}/{k}")))
                 .collect();
             if names.is_empty() {
-                Err(Error::Unsupported(format!(
+                Err(Error::Usage(format!(
                     "there are no objects directly under {}: check the prefix (it ends \
                      in /; objects in deeper \"folders\" are not included)",
                     location.name()
@@ -380,9 +386,9 @@ pub const SIDECAR: &str = ".archfs-index";
 /// archive, on any node, loads instead of scanning it. Only `s3://` names.
 pub fn put_sidecar(name: &Path, options: &RemoteOptions, body: &[u8]) -> Result<String> {
     let sidecar = sidecar_location(name)?;
-    let (t, ca) = target(&sidecar, options).map_err(Error::Unsupported)?;
-    let client = http::Client::shared(ca.as_ref()).map_err(Error::Unsupported)?;
-    client.put(&t, body).map_err(Error::Unsupported)?;
+    let (t, ca) = target(&sidecar, options)?;
+    let client = http::Client::shared(ca.as_ref())?;
+    client.put(&t, body)?;
     Ok(sidecar.name())
 }
 
@@ -395,7 +401,7 @@ fn sidecar_location(name: &Path) -> Result<Location> {
         Some(Ok(Location::Http { url })) => Ok(Location::Http {
             url: format!("{url}{SIDECAR}"),
         }),
-        _ => Err(Error::Unsupported(format!(
+        _ => Err(Error::Usage(format!(
             "{} is not an object in S3: a sidecar index is written beside s3://BUCKET/KEY",
             name.display()
         ))),
@@ -483,7 +489,7 @@ impl Inner {
                 let mut v = vec![0u8; CHUNK.min(self.size - at) as usize];
                 // The message already names the request; the kind is the caller's (EIO).
                 self.get(at, &mut v)
-                    .map_err(|e| Error::Unsupported(e.to_string()))?;
+                    .map_err(|e| Error::Remote(e.to_string()))?;
                 Ok(v)
             })
             .map_err(|e| std::io::Error::other(e.to_string()))

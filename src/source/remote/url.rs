@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use crate::error::Error;
+
 /// Where an object is, as the user named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
@@ -15,18 +17,33 @@ pub enum Location {
     Http { url: String },
 }
 
+/// A name that is a URL but names no object.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadName {
+    #[error(
+        "{0} names no bucket: write s3://BUCKET/KEY, or s3://BUCKET/PREFIX/ for the \
+         archives under a prefix"
+    )]
+    NoBucket(String),
+    #[error("{0} names no object: write https://HOST/PATH")]
+    NoObject(String),
+}
+
+impl From<BadName> for Error {
+    fn from(e: BadName) -> Error {
+        Error::Usage(e.to_string())
+    }
+}
+
 impl Location {
     /// `None` for a local path; an error for a URL that names no object.
-    pub fn parse(name: &Path) -> Option<Result<Location, String>> {
+    pub fn parse(name: &Path) -> Option<Result<Location, BadName>> {
         let name = name.to_str()?;
         if let Some(rest) = name.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             let (bucket, key) = (bucket.to_owned(), key.to_owned());
             return Some(if bucket.is_empty() {
-                Err(format!(
-                    "{name} names no bucket: write s3://BUCKET/KEY, or s3://BUCKET/PREFIX/ \
-                     for the archives under a prefix"
-                ))
+                Err(BadName::NoBucket(name.to_owned()))
             } else if key.is_empty() || key.ends_with('/') {
                 Ok(Location::S3Prefix {
                     bucket,
@@ -43,7 +60,7 @@ impl Location {
                 Some((host, path)) if !host.is_empty() && !path.is_empty() => Ok(Location::Http {
                     url: name.to_owned(),
                 }),
-                _ => Err(format!("{name} names no object: write https://HOST/PATH")),
+                _ => Err(BadName::NoObject(name.to_owned())),
             });
         }
         None

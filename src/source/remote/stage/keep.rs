@@ -28,24 +28,39 @@ pub fn sealed(dir: &Path, tag: u64, size: u64) -> bool {
         .is_some_and(|b| b.tag() == tag && b.sealed())
 }
 
+/// Why a copy is not kept (it is then placed as any other).
+#[derive(Debug, thiserror::Error)]
+pub enum NotKept {
+    #[error(
+        "{:.1} GB is more than --keep allows ({:.1} GB)",
+        *len as f64 / 1e9,
+        *bound as f64 / 1e9
+    )]
+    TooLarge { len: u64, bound: u64 },
+    #[error("{} is in use and is not a copy of this object", .0.display())]
+    Other(PathBuf),
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        /// `open`, `make a copy in`, `lock`.
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// The kept copy of the object tagged `tag` (`size` bytes in `pieces`) in `dir`: the one
 /// an earlier job left when it is this object's and sealed or still being made, else a
-/// new one. `None` with the reason when none can be kept (then the copy is placed as
-/// any other).
+/// new one, or why none can be kept.
 pub fn open(
     dir: &Path,
     tag: u64,
     size: u64,
     pieces: u64,
     bound: u64,
-) -> Result<(File, bool), String> {
+) -> Result<(File, bool), NotKept> {
     let len = Board::file_len(size, pieces);
     if len > bound {
-        return Err(format!(
-            "{:.1} GB is more than --keep allows ({:.1} GB)",
-            len as f64 / 1e9,
-            bound as f64 / 1e9
-        ));
+        return Err(NotKept::TooLarge { len, bound });
     }
     let path = dir.join(format!("{PREFIX}{tag:016x}"));
     let file = std::fs::OpenOptions::new()
@@ -54,7 +69,7 @@ pub fn open(
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|source| io("open", &path, source))?;
     let fits = file
         .metadata()
         .ok()
@@ -68,12 +83,7 @@ pub fn open(
     let alone = try_lock(&file, libc::LOCK_EX | libc::LOCK_NB);
     let reused = match fits {
         Some((true, usable)) => usable || !alone,
-        _ if !alone => {
-            return Err(format!(
-                "{} is in use and is not a copy of this object",
-                path.display()
-            ))
-        }
+        _ if !alone => return Err(NotKept::Other(path)),
         _ => false,
     };
     if !reused {
@@ -81,16 +91,24 @@ pub fn open(
             .and_then(|()| super::place::reserve(&file, len))
             .and_then(|()| file.try_clone())
             .and_then(|f| Board::create(f, size, pieces, tag).map(drop))
-            .map_err(|e| format!("cannot make a copy in {}: {e}", path.display()))?;
+            .map_err(|source| io("make a copy in", &path, source))?;
     }
     // Used now: the last to go.
     // SAFETY: futimens with null times sets both to now on a descriptor we own.
     unsafe { libc::futimens(file.as_raw_fd(), std::ptr::null()) };
     // Shared while in use: by this job's every process (the descriptor is passed
     // on), and by another job's on the node reading it too.
-    lock(&file, libc::LOCK_SH).map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    lock(&file, libc::LOCK_SH).map_err(|source| io("lock", &path, source))?;
     evict(dir, bound, &path);
     Ok((file, reused))
+}
+
+fn io(what: &'static str, path: &Path, source: std::io::Error) -> NotKept {
+    NotKept::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// Makes the copy whole for a later job: its data on the disk first, then the mark.

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{Condvar, Mutex};
 
-use super::http::{Client, Target};
+use super::http::{Client, RequestError, Target};
 use crate::per_process::{generation, PerProcess};
 use board::{Board, Grains, Piece, GRAIN};
 
@@ -84,6 +84,20 @@ pub struct Object {
     pub spans: Option<Arc<spans::Spans>>,
 }
 
+/// Why bytes of a copy were not copied.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("reading {name}: {source}")]
+    Read {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("writing the node-local copy: {0}")]
+    Write(std::io::Error),
+}
+
 /// Where a copy's bytes come from.
 #[derive(Clone, Debug)]
 pub enum Origin {
@@ -129,8 +143,8 @@ impl Object {
     fn fetch(
         &self,
         (at, len): (u64, u64),
-        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
-    ) -> Result<(), String> {
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), CopyError>,
+    ) -> Result<(), CopyError> {
         let parts = match &self.spans {
             None => vec![(at, len, at)],
             Some(spans) => spans.parts(at, len),
@@ -142,16 +156,23 @@ impl Object {
                     client,
                     target,
                     etag,
-                } => client.get_parts(target, etag.as_deref(), (from, n), PART, |pos, bytes| {
-                    each(pos - from + to, bytes)
-                }),
+                } => Ok(client.get_parts(
+                    target,
+                    etag.as_deref(),
+                    (from, n),
+                    PART,
+                    |pos, bytes| each(pos - from + to, bytes),
+                )?),
                 Origin::File { file, .. } => {
                     let mut buf = vec![0u8; PART.min(n) as usize];
                     let mut done = 0;
                     while done < n {
                         let k = (n - done).min(PART) as usize;
                         file.read_exact_at(&mut buf[..k], from + done)
-                            .map_err(|e| format!("reading {}: {e}", self.name))?;
+                            .map_err(|source| CopyError::Read {
+                                name: self.name.clone(),
+                                source,
+                            })?;
                         READ_FROM_FILES.fetch_add(k as u64, Ordering::Relaxed);
                         each(to + done, &buf[..k])?;
                         done += k as u64;
@@ -690,10 +711,10 @@ impl Stage {
         self.board
             .swap(first, Piece::Taken(me), Piece::Arriving(me));
         let end = first + n;
-        let mut arrived = |pos: u64, bytes: &[u8]| -> Result<(), String> {
+        let mut arrived = |pos: u64, bytes: &[u8]| -> Result<(), CopyError> {
             self.file()
                 .write_all_at(bytes, pos)
-                .map_err(|e| format!("writing the node-local copy: {e}"))?;
+                .map_err(CopyError::Write)?;
             let p = pos / PIECE;
             let upto = pos + bytes.len() as u64;
             let piece_end = ((p + 1) * PIECE).min(size);
@@ -983,7 +1004,7 @@ impl Stage {
             self.object.fetch((from, n), |pos, bytes| {
                 self.file()
                     .write_all_at(bytes, pos)
-                    .map_err(|e| format!("writing the node-local copy: {e}"))
+                    .map_err(CopyError::Write)
             })
         });
         self.board.put_grains(taken, got.is_ok());

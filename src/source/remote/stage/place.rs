@@ -8,7 +8,7 @@
 use crate::source::scratch;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The node-wide lock ([`crate::node::NodeLock`]) under which copies are placed.
 pub const LOCK: &str = "place";
@@ -19,9 +19,40 @@ pub enum Placed {
     Disk(std::path::PathBuf),
 }
 
+/// Why a copy has no place on the node.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRoom {
+    #[error("cannot use {}", .0.display())]
+    Unusable(PathBuf),
+    #[error(
+        "{:.1} GB fits neither in {in_memory} nor in {} ({:.1} GB free); give --stage-dir a \
+         node-local disk with room",
+        *size as f64 / 1e9,
+        dir.display(),
+        *free as f64 / 1e9
+    )]
+    Full {
+        size: u64,
+        /// `the 12.3 GB the job may fill`, or `memory` when that is unknown.
+        in_memory: String,
+        dir: PathBuf,
+        free: u64,
+    },
+    #[error("cannot create a file in {}: {source}", dir.display())]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot reserve room in {}: {source}", dir.display())]
+    Reserve {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// A file of `size` bytes, its room taken, and where it is; the error says why there
 /// is none. The caller holds the node's lock on placing ([`LOCK`]).
-pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), String> {
+pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), NoRoom> {
     let free = crate::memory::available_now();
     let fits = free.is_none_or(|free| (size as f64) < free as f64 * 0.75);
     if fits {
@@ -32,23 +63,28 @@ pub fn place(size: u64, dir: Option<&Path>) -> Result<(File, Placed), String> {
         }
     }
     let dir = dir.map_or_else(scratch::default_dir, Path::to_owned);
-    let room = free_bytes(&dir).ok_or_else(|| format!("cannot use {}", dir.display()))?;
+    let Some(room) = free_bytes(&dir) else {
+        return Err(NoRoom::Unusable(dir));
+    };
     let in_memory = match free {
         Some(f) => format!("the {:.1} GB the job may fill", f as f64 / 1e9),
         None => "memory".into(),
     };
     if room < size.saturating_add(1 << 30) {
-        return Err(format!(
-            "{:.1} GB fits neither in {in_memory} nor in {} ({:.1} GB free); give \
-             --stage-dir a node-local disk with room",
-            size as f64 / 1e9,
-            dir.display(),
-            room as f64 / 1e9
-        ));
+        return Err(NoRoom::Full {
+            size,
+            in_memory,
+            dir,
+            free: room,
+        });
     }
-    let file = scratch::temp_file(&dir)
-        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
-    reserve(&file, size).map_err(|e| format!("cannot reserve room in {}: {e}", dir.display()))?;
+    let file = match scratch::temp_file(&dir) {
+        Ok(file) => file,
+        Err(source) => return Err(NoRoom::Create { dir, source }),
+    };
+    if let Err(source) = reserve(&file, size) {
+        return Err(NoRoom::Reserve { dir, source });
+    }
     Ok((file, Placed::Disk(dir)))
 }
 

@@ -72,7 +72,7 @@ fn held(wanted: &Wanted, name: &str, wait: Duration) -> Result<Arc<Stage>> {
             return Ok(s.clone());
         }
         if start.elapsed() > wait {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Limit(format!(
                 "{name}: no process of this job on this node made its copy within {} s",
                 wait.as_secs()
             )));
@@ -97,11 +97,11 @@ impl NodeCopy {
     /// starts that); else waited for, up to `wait`, until some process makes it.
     pub fn new(object: Of, make: bool, wait: Duration) -> Result<NodeCopy> {
         let name = object.name();
-        let wanted = object.wanted(false).ok_or_else(|| {
-            Error::Unsupported(format!("{name} is empty: there is nothing to copy"))
-        })?;
+        let wanted = object
+            .wanted(false)
+            .ok_or_else(|| Error::Usage(format!("{name} is empty: there is nothing to copy")))?;
         if make && !wanted.create(true) {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Limit(format!(
                 "{name}: no copy could be placed on this node (the warning above says why)"
             )));
         }
@@ -119,14 +119,14 @@ impl NodeCopy {
         wait: Duration,
     ) -> Result<NodeCopy> {
         let name = object.name();
-        let wanted = object.wanted(true).ok_or_else(|| {
-            Error::Unsupported(format!("{name} is empty: there is nothing to copy"))
-        })?;
+        let wanted = object
+            .wanted(true)
+            .ok_or_else(|| Error::Usage(format!("{name} is empty: there is nothing to copy")))?;
         let spans = Spans::new(ranges, object.size()).ok_or_else(|| {
-            Error::Unsupported(format!("{name}: the files given hold no bytes to copy"))
+            Error::Usage(format!("{name}: the files given hold no bytes to copy"))
         })?;
         if !wanted.create_share(&spans) {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Limit(format!(
                 "{name}: no copy could be placed on this node (the warning above says why)"
             )));
         }
