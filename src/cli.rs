@@ -612,9 +612,9 @@ fn settings(paths: &[PathBuf], serve: &ServeArgs) -> Result<Settings, Failure> {
             Preload::Never => job::Preload::Never,
         },
         readdirplus: match serve.readdirplus {
-            Readdirplus::Always => crate::fuse::Readdirplus::Always,
-            Readdirplus::Auto => crate::fuse::Readdirplus::Auto,
-            Readdirplus::Never => crate::fuse::Readdirplus::Never,
+            Readdirplus::Always => crate::vfs::Readdirplus::Always,
+            Readdirplus::Auto => crate::vfs::Readdirplus::Auto,
+            Readdirplus::Never => crate::vfs::Readdirplus::Never,
         },
         prelist: serve.prelist == Prelist::Auto,
         debug: serve.debug,

@@ -18,6 +18,9 @@ pub enum Error {
     NotSymlink,
     #[error("no such extended attribute")]
     NoXattr,
+    /// The caller's buffer cannot hold the answer (an extended attribute's value).
+    #[error("the buffer is too small for the answer")]
+    BufferTooSmall,
     #[error("too many levels of symbolic links")]
     Loop,
     /// An archive (an object in object storage) that is not there: the message says
@@ -72,6 +75,7 @@ impl Error {
             Error::IsDir => libc::EISDIR,
             Error::NotSymlink => libc::EINVAL,
             Error::NoXattr => libc::ENODATA,
+            Error::BufferTooSmall => libc::ERANGE,
             Error::Loop => libc::ELOOP,
             Error::Absent(_) => libc::ENOENT,
             Error::Denied(_) => libc::EACCES,

@@ -12,7 +12,10 @@
 //! - [`archive`]: the interface the formats implement, unions, the full check walk;
 //! - [`open`]: choosing the format by content, the one place that knows every format;
 //! - [`warm`]: having bytes in the page cache before the job asks (preload, push, prelist);
-//! - [`fuse`]: the serving side, the thin fuser adapter over Result-returning operations;
+//! - [`vfs`]: the filesystem's operations, each returning what the adapter replies (open
+//!   directories, the listing-ahead protocol, which errno); no fuser types;
+//! - [`fuse`]: the thin fuser adapter over [`vfs`] (one call, one reply), and the push's
+//!   writes to /dev/fuse;
 //! - [`job`]: the life cycle (mounting, serving, signals, `run`, unmounting on every exit
 //!   path); [`cli`]: the command line.
 //!
@@ -35,4 +38,5 @@ pub mod squashfs;
 pub mod sync;
 pub mod tar;
 pub mod topology;
+pub mod vfs;
 pub mod warm;

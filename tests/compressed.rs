@@ -46,19 +46,7 @@ fn words(len: usize, seed: u64) -> Vec<u8> {
 
 fn pax_tar(dir: &TempDir, src: &Path) -> PathBuf {
     let tar = dir.join("base.tar");
-    run_ok(
-        Command::new("tar")
-            .args([
-                "--format=posix",
-                "--xattrs",
-                "--xattrs-include=user.*",
-                "-cf",
-            ])
-            .arg(&tar)
-            .arg("-C")
-            .arg(src)
-            .arg("."),
-    );
+    posix_tar(src, &tar);
     tar
 }
 

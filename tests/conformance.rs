@@ -183,19 +183,7 @@ fn gensquashfs_and_tar2sqfs_images_match_the_kernel() {
     check_image(&dir, &img, None, &CompareOpts::default(), "gensquashfs");
 
     let tar = dir.join("src.tar");
-    run_ok(
-        Command::new("tar")
-            .args([
-                "--format=posix",
-                "--xattrs",
-                "--xattrs-include=user.*",
-                "-C",
-            ])
-            .arg(&src)
-            .args(["-cf"])
-            .arg(&tar)
-            .arg("."),
-    );
+    posix_tar(&src, &tar);
     let img2 = dir.join("tar.sqfs");
     let out = run_ok(Command::new("sh").arg("-c").arg(format!(
         "tar2sqfs --quiet --force -c gzip {} < {}",

@@ -158,7 +158,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         index: None,
         preload: job::Preload::Never,
         prelist: false,
-        readdirplus: archfs::fuse::Readdirplus::Always,
+        readdirplus: archfs::vfs::Readdirplus::Always,
         entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,
         keep: None,

@@ -1,15 +1,12 @@
 //! The serving side: the thin adapter between fuser and [`Vfs`] (one operation, one
-//! call, one reply), the operations themselves ([`vfs`], no fuser types) and the push's
-//! writes to /dev/fuse ([`store`]). Imports the archive interface and [`crate::warm`].
+//! call, one reply: every decision is the Vfs's) and the push's writes to /dev/fuse
+//! ([`store`]). The one module besides [`crate::job`] that imports fuser.
 
 pub mod store;
-pub mod vfs;
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::sync::Mutex;
@@ -22,59 +19,29 @@ use fuser::{
 
 use crate::archive::{Attr, Kind};
 use crate::error::Error;
-use crate::warm::prelist::Ahead;
-use vfs::Vfs;
-
-/// The archive never changes while mounted, so the kernel may keep what it learns.
-const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Whether directory listings carry every entry's attributes (READDIRPLUS), so that a
-/// walk that stats each file, or a first epoch that opens each one, needs no LOOKUP
-/// request per file afterwards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Readdirplus {
-    /// Every listing.
-    Always,
-    /// The kernel's adaptive mode: the first part of a listing, and parts after a lookup
-    /// in that directory.
-    Auto,
-    Never,
-}
+use crate::vfs::{DirectoryEntry, DirectoryReplier, Readdirplus, Vfs, Xattr, TTL};
 
 pub struct ArchFs {
     vfs: Vfs,
-    block_size: u32,
-    readdirplus: Readdirplus,
-    /// The listing ahead, when on: its listings carry attributes, the job's need not.
-    ahead: Option<Arc<Ahead>>,
+    blksize: u32,
     /// Errors already logged, so a bad block read a thousand times logs once.
     logged: Mutex<HashSet<String>>,
-    /// LOOKUP requests served, logged at unmount: each is a round trip a listing with
-    /// attributes (or the listing ahead, src/warm/prelist.rs) would have saved.
-    lookups: AtomicU64,
-    /// READDIR(PLUS) requests of the job's listings, logged at unmount: none for a
-    /// directory the listing ahead has listed, which the kernel keeps (FOPEN_CACHE_DIR).
-    job_listings: AtomicU64,
 }
 
 impl ArchFs {
-    pub fn new(vfs: Vfs, readdirplus: Readdirplus, ahead: Option<Arc<Ahead>>) -> ArchFs {
-        let block_size = vfs.archive().stats().block_size;
+    pub fn new(vfs: Vfs) -> ArchFs {
         ArchFs {
+            blksize: vfs.blksize(),
             vfs,
-            block_size,
-            readdirplus,
-            ahead,
             logged: Mutex::new(HashSet::new()),
-            lookups: AtomicU64::new(0),
-            job_listings: AtomicU64::new(0),
         }
     }
 
-    fn errno(&self, op: &str, ino: u64, e: &Error) -> Errno {
+    /// `e`'s errno, an I/O error logged once.
+    fn errno(&self, op: &str, ino: INodeNo, e: &Error) -> Errno {
         let code = e.errno();
         if code == libc::EIO {
-            let msg = format!("{op} of inode {ino}: {e}");
+            let msg = format!("{op} of inode {}: {e}", ino.0);
             let mut logged = self.logged.lock();
             if logged.len() < 10_000 && logged.insert(msg.clone()) {
                 tracing::error!("{msg}");
@@ -82,42 +49,31 @@ impl ArchFs {
         }
         Errno::from_i32(code)
     }
-
-    fn attr(&self, a: &Attr) -> FileAttr {
-        let mtime = if a.mtime >= 0 {
-            UNIX_EPOCH + Duration::new(a.mtime as u64, a.mtime_nsec)
-        } else {
-            UNIX_EPOCH - Duration::from_secs(a.mtime.unsigned_abs())
-                + Duration::from_nanos(u64::from(a.mtime_nsec))
-        };
-        FileAttr {
-            ino: INodeNo(a.ino),
-            size: a.size,
-            blocks: a.blocks,
-            atime: mtime,
-            mtime,
-            ctime: mtime,
-            crtime: mtime,
-            kind: file_type(a.kind),
-            perm: a.perm,
-            nlink: a.nlink,
-            uid: a.uid,
-            gid: a.gid,
-            rdev: a.rdev,
-            // stdio and Python size their buffers by st_blksize: one archive block.
-            blksize: self.block_size,
-            flags: 0,
-        }
-    }
 }
 
-impl ArchFs {
-    /// The lister asks for the listing of `dir` from `offset`: at its end, the kernel has
-    /// taken in every earlier reply, so it holds an inode for every entry.
-    fn lister_at(&self, dir: INodeNo, offset: u64, len: usize) {
-        if offset >= len as u64 {
-            self.vfs.listed_with_attrs(dir.0);
-        }
+fn file_attr(a: &Attr, blksize: u32) -> FileAttr {
+    let mtime = if a.mtime >= 0 {
+        UNIX_EPOCH + Duration::new(a.mtime as u64, a.mtime_nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(a.mtime.unsigned_abs())
+            + Duration::from_nanos(u64::from(a.mtime_nsec))
+    };
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: mtime,
+        mtime,
+        ctime: mtime,
+        crtime: mtime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize,
+        flags: 0,
     }
 }
 
@@ -133,6 +89,32 @@ fn file_type(kind: Kind) -> FileType {
     }
 }
 
+impl DirectoryReplier for ReplyDirectory {
+    fn add(&mut self, e: DirectoryEntry<'_>) -> bool {
+        let name = OsStr::from_bytes(e.name);
+        ReplyDirectory::add(self, INodeNo(e.ino), e.offset, file_type(e.kind), name)
+    }
+}
+
+/// A READDIRPLUS reply, with the `st_blksize` its attributes carry.
+struct WithAttrs<'a>(&'a mut ReplyDirectoryPlus, u32);
+
+impl DirectoryReplier for WithAttrs<'_> {
+    fn add(&mut self, e: DirectoryEntry<'_>) -> bool {
+        // The Vfs gives every entry of a READDIRPLUS listing its attributes.
+        debug_assert!(e.attr.is_some(), "no attributes for a READDIRPLUS entry");
+        let attr = e.attr.unwrap_or(Attr {
+            ino: e.ino,
+            kind: e.kind,
+            ..Attr::default()
+        });
+        let name = OsStr::from_bytes(e.name);
+        let attr = file_attr(&attr, self.1);
+        self.0
+            .add(INodeNo(e.ino), e.offset, name, &TTL, &attr, Generation(0))
+    }
+}
+
 impl Filesystem for ArchFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Readdirplus trades a slower listing (the kernel builds an inode for every entry
@@ -140,12 +122,7 @@ impl Filesystem for ArchFs {
         // 1 s -> 7 s, a stat of every file 64 s -> 9 s, a first epoch 48 s -> 31 s
         // (docs/BENCHMARKS-HISTORY.md, "ImageNet scale").
         let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
-        // The listing ahead needs the adaptive mode (see prelist::Ahead).
-        let mode = match self.ahead {
-            Some(_) => Readdirplus::Auto,
-            None => self.readdirplus,
-        };
-        match mode {
+        match self.vfs.kernel_readdirplus() {
             Readdirplus::Always => wanted |= InitFlags::FUSE_DO_READDIRPLUS,
             Readdirplus::Auto => {
                 wanted |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
@@ -164,41 +141,38 @@ impl Filesystem for ArchFs {
     }
 
     fn destroy(&mut self) {
-        tracing::info!(
-            "served {} LOOKUP requests",
-            self.lookups.load(Ordering::Relaxed)
-        );
+        let served = self.vfs.served();
+        tracing::info!("served {} LOOKUP requests", served.lookups);
         tracing::info!(
             "the job's listings sent {} READDIR requests",
-            self.job_listings.load(Ordering::Relaxed)
+            served.job_listings
         );
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.lookups.fetch_add(1, Ordering::Relaxed);
-        match self.vfs.archive().lookup(parent.0, name.as_bytes()) {
-            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
-            Err(Error::NotFound) => {
-                // Inode 0 with a TTL is a negative entry the kernel caches.
-                let mut none = self.attr(&Attr::default());
-                none.ino = INodeNo(0);
-                reply.entry(&TTL, &none, Generation(0))
-            }
-            Err(e) => reply.error(self.errno("lookup", parent.0, &e)),
+        match self.vfs.lookup(parent.0, name.as_bytes()) {
+            Ok(Some(a)) => reply.entry(&TTL, &file_attr(&a, self.blksize), Generation(0)),
+            // Inode 0 with a TTL is a negative entry the kernel caches.
+            Ok(None) => reply.entry(
+                &TTL,
+                &file_attr(&Attr::default(), self.blksize),
+                Generation(0),
+            ),
+            Err(e) => reply.error(self.errno("lookup", parent, &e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.vfs.archive().attr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
-            Err(e) => reply.error(self.errno("getattr", ino.0, &e)),
+        match self.vfs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a, self.blksize)),
+            Err(e) => reply.error(self.errno("getattr", ino, &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.vfs.archive().readlink(ino.0) {
+        match self.vfs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(self.errno("readlink", ino.0, &e)),
+            Err(e) => reply.error(self.errno("readlink", ino, &e)),
         }
     }
 
@@ -252,28 +226,19 @@ impl Filesystem for ArchFs {
     ) {
         match self.vfs.read(ino.0, offset, size) {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(self.errno("read", ino.0, &e)),
+            Err(e) => reply.error(self.errno("read", ino, &e)),
         }
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let lister = self.ahead.as_ref().is_some_and(|a| a.is_lister(req.pid()));
-        // Both listing one directory at once: the job's listing, without attributes,
-        // runs ahead and fills the kernel's cache of it, and the lister read on from that
-        // cache and made no inodes (2 M entries "listed" in 1.8 s, and 1.7 M LOOKUPs in
-        // the epoch after). The second to open neither reads nor fills that cache, and
-        // keeps it for the first (KEEP_CACHE).
-        match self.vfs.opendir(ino.0, lister) {
-            Ok((fh, true)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            // The lister's listings go to the server even when the kernel has the
-            // directory cached from a listing of the job's, which made no inodes (no
-            // KEEP_CACHE: the open drops it), and are kept for the job's (CACHE_DIR).
-            Ok((fh, _)) if lister => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
-            Ok((fh, _)) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(self.errno("opendir", ino.0, &e)),
+        match self.vfs.opendir(ino.0, req.pid()) {
+            Ok(o) => {
+                let mut flags = FopenFlags::empty();
+                flags.set(FopenFlags::FOPEN_KEEP_CACHE, o.keep_cache);
+                flags.set(FopenFlags::FOPEN_CACHE_DIR, o.cache_dir);
+                reply.opened(FileHandle(o.fh), flags)
+            }
+            Err(e) => reply.error(self.errno("opendir", ino, &e)),
         }
     }
 
@@ -285,26 +250,10 @@ impl Filesystem for ArchFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listing = match self.vfs.listing(fh.0) {
-            Ok(l) => l,
-            Err(e) => return reply.error(self.errno("readdir", ino.0, &e)),
-        };
-        // The lister wants attributes: one entry, whose lookup makes the kernel ask for
-        // them in the next request.
-        let most = if listing.by_lister {
-            self.lister_at(ino, offset, listing.entries.len());
-            1
-        } else {
-            self.job_listings.fetch_add(1, Ordering::Relaxed);
-            usize::MAX
-        };
-        for (next, e) in listing.part(offset, most) {
-            let name = OsStr::from_bytes(&e.name);
-            if reply.add(INodeNo(e.ino), next, file_type(e.kind), name) {
-                break;
-            }
+        match self.vfs.readdir(fh.0, offset, &mut reply) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.errno("readdir", ino, &e)),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -315,39 +264,13 @@ impl Filesystem for ArchFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let listing = match self.vfs.listing(fh.0) {
-            Ok(l) => l,
-            Err(e) => return reply.error(self.errno("readdirplus", ino.0, &e)),
-        };
-        // With the kernel's adaptive mode, later parts of the listing may come as plain
-        // READDIR, whose entries the kernel makes no inode for.
-        let mut most = usize::MAX;
-        if listing.by_lister {
-            self.lister_at(ino, offset, listing.entries.len());
-        } else {
-            self.job_listings.fetch_add(1, Ordering::Relaxed);
-            match &self.ahead {
-                _ if offset > 0 => {}
-                None if self.readdirplus == Readdirplus::Always => {
-                    self.vfs.listed_with_attrs(ino.0)
-                }
-                None => {}
-                // The kernel asks because this is the listing's start, not for a lookup
-                // in it: one entry (`.`), and the rest comes without attributes.
-                Some(_) => most = 1,
-            }
+        match self
+            .vfs
+            .readdirplus(fh.0, offset, &mut WithAttrs(&mut reply, self.blksize))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.errno("readdirplus", ino, &e)),
         }
-        for (next, e) in listing.part(offset, most) {
-            let attr = match self.vfs.archive().attr(e.ino) {
-                Ok(a) => self.attr(&a),
-                Err(err) => return reply.error(self.errno("readdirplus", e.ino, &err)),
-            };
-            let name = OsStr::from_bytes(&e.name);
-            if reply.add(INodeNo(e.ino), next, name, &TTL, &attr, Generation(0)) {
-                break;
-            }
-        }
-        reply.ok();
     }
 
     fn releasedir(
@@ -363,13 +286,12 @@ impl Filesystem for ArchFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.vfs.archive().stats();
-        let bsize = u64::from(s.block_size);
+        let s = self.vfs.statfs();
         reply.statfs(
-            s.bytes.div_ceil(bsize),
+            s.blocks,
             0,
             0,
-            s.inodes,
+            s.files,
             0,
             s.block_size,
             s.name_max,
@@ -378,28 +300,24 @@ impl Filesystem for ArchFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.vfs.getxattr(ino.0, name.as_bytes()) {
-            Ok(v) => xattr_reply(reply, &v, size),
-            Err(e) => reply.error(self.errno("getxattr", ino.0, &e)),
+        match self.vfs.getxattr(ino.0, name.as_bytes(), size) {
+            Ok(x) => xattr_reply(reply, x),
+            Err(e) => reply.error(self.errno("getxattr", ino, &e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.vfs.listxattr(ino.0) {
-            Ok(v) => xattr_reply(reply, &v, size),
-            Err(e) => reply.error(self.errno("listxattr", ino.0, &e)),
+        match self.vfs.listxattr(ino.0, size) {
+            Ok(x) => xattr_reply(reply, x),
+            Err(e) => reply.error(self.errno("listxattr", ino, &e)),
         }
     }
 }
 
-/// Size 0 asks for the length; a buffer too small is ERANGE.
-fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
-    if size == 0 {
-        reply.size(value.len() as u32);
-    } else if value.len() > size as usize {
-        reply.error(Errno::from_i32(libc::ERANGE));
-    } else {
-        reply.data(value);
+fn xattr_reply(reply: ReplyXattr, x: Xattr) {
+    match x {
+        Xattr::Size(n) => reply.size(n),
+        Xattr::Data(v) => reply.data(&v),
     }
 }
 

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use crate::archive::Ahead;
 use crate::cache::CacheConfig;
-use crate::fuse::Readdirplus;
+use crate::vfs::Readdirplus;
 
 use crate::warm::preload::{self, Trigger};
 use crate::warm::push::Pusher;

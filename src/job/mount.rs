@@ -12,8 +12,8 @@ use super::mountpoint::{self, Prepared};
 use super::watchdog::Watchdog;
 use super::{attach, Event, JobError, Settings};
 use crate::archive::Archive;
-use crate::fuse::vfs::Vfs;
-use crate::fuse::{ArchFs, Readdirplus};
+use crate::fuse::ArchFs;
+use crate::vfs::{Readdirplus, Vfs};
 use crate::warm::prelist::{self, Lister};
 use crate::warm::preload::Trigger;
 use crate::warm::push::Pusher;
@@ -118,9 +118,9 @@ impl Mount {
             let watchdog = Watchdog::spawn(&prepared.path, prepared.created)
                 .map_err(|e| JobError::system("start the unmount watchdog", e))?;
             let fs = ArchFs::new(
-                Vfs::new(archive.clone(), trigger.clone()).with_push(push.clone()),
-                s.readdirplus,
-                list_ahead.then(|| ahead.clone()),
+                Vfs::new(archive.clone(), trigger.clone())
+                    .with_push(push.clone())
+                    .with_readdirplus(s.readdirplus, list_ahead.then(|| ahead.clone())),
             );
             let session = attach::mount(&prepared.path, &fsname, s.allow_other).and_then(|fd| {
                 let mut config = config.clone();

@@ -65,6 +65,11 @@ impl Ahead {
         Arc::new(Ahead::default())
     }
 
+    /// The lister is process `pid` now (0: there is none).
+    pub fn set_lister(&self, pid: u32) {
+        self.pid.store(pid, Ordering::Relaxed);
+    }
+
     /// Whether thread `tid` (a FUSE request's pid) belongs to the lister.
     pub fn is_lister(&self, tid: u32) -> bool {
         let pid = self.pid.load(Ordering::Relaxed);
@@ -107,7 +112,7 @@ impl Lister {
         }
         let child = cmd.spawn()?;
         let pid = child.id();
-        ahead.pid.store(pid, Ordering::Relaxed);
+        ahead.set_lister(pid);
         let child = Arc::new(Mutex::new(child));
         let (c, a) = (child.clone(), ahead.clone());
         let reaper = std::thread::Builder::new()
@@ -127,7 +132,7 @@ impl Lister {
                 if ended {
                     let _ = c.lock().try_wait();
                     // Its pid may be anyone's now.
-                    a.pid.store(0, Ordering::Relaxed);
+                    a.set_lister(0);
                     // Merging a union's directories for it left holes in the heap.
                     crate::memory::give_back();
                 }

@@ -173,6 +173,11 @@ impl Pusher {
         self.listed.write().insert(dir);
     }
 
+    /// Whether `dir` was listed with its entries' attributes.
+    pub fn is_listed(&self, dir: u64) -> bool {
+        self.listed.read().contains(&dir)
+    }
+
     /// The listing ahead opened a directory (`true`), or closed one.
     pub fn lister_listing(&self, open: bool) {
         if open {

@@ -122,6 +122,23 @@ pub fn tar_of(dir: &Path, member: &str, tar: &Path) {
     );
 }
 
+/// A POSIX (pax) tar at `tar` of the tree at `src`, its `user.*` xattrs kept.
+pub fn posix_tar(src: &Path, tar: &Path) {
+    run_ok(
+        Command::new("tar")
+            .args([
+                "--format=posix",
+                "--xattrs",
+                "--xattrs-include=user.*",
+                "-cf",
+            ])
+            .arg(tar)
+            .arg("-C")
+            .arg(src)
+            .arg("."),
+    );
+}
+
 /// What `tar -x` makes of an archive (compressed ones too), as root keeping owners, modes
 /// and xattrs: the reference a mounted tar is compared with. A writer's oddities make
 /// GNU tar complain of some members; the comparison shows what that costs.

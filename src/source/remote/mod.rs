@@ -215,10 +215,7 @@ impl RemoteObject {
                 size: meta.size,
                 etag: meta.etag,
                 mtime: meta.mtime,
-                id: {
-                    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                    IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                },
+                id: next_id(),
                 streams: Mutex::new(Vec::with_capacity(STREAMS)),
                 pending: Mutex::new(Vec::new()),
                 landed: Condvar::new(),
@@ -229,6 +226,12 @@ impl RemoteObject {
         }
         Ok(RemoteObject { inner })
     }
+}
+
+/// A new object's id, which tells its chunks from others' in the cache.
+fn next_id() -> u64 {
+    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What each process learned of the objects it opened, by URL, with the fork generation
@@ -590,14 +593,7 @@ impl Inner {
     /// them; reads of them wait meanwhile. On failure (`false`), the reader that needs
     /// the bytes fetches them itself and reports.
     fn fetch_span(&self, at: u64, len: u64) -> bool {
-        let from = at - at % CHUNK;
-        let to = (at + len).min(self.size).min(from + AHEAD_GET);
-        let to = if to < self.size {
-            to.div_ceil(CHUNK) * CHUNK
-        } else {
-            to
-        };
-        let to = to.min(self.size);
+        let (from, to) = chunk_span(at, len, self.size);
         if to <= from {
             return true;
         }
@@ -957,6 +953,29 @@ impl Storage for RemoteObject {
     }
 }
 
+/// The chunks one GET fetches for `[at, at + len)` of an object of `size` bytes: whole
+/// chunks (the object's last one as long as it is), at most [`AHEAD_GET`] from the one
+/// `at` is in.
+fn chunk_span(at: u64, len: u64, size: u64) -> (u64, u64) {
+    let from = at - at % CHUNK;
+    let to = (at + len).min(size).min(from + AHEAD_GET);
+    let to = if to < size {
+        to.div_ceil(CHUNK) * CHUNK
+    } else {
+        to
+    };
+    (from, to.min(size))
+}
+
+/// `[at, at + len)` of an object of `size` bytes as read-ahead GETs of [`AHEAD_GET`]
+/// each, from the chunk `at` is in: (where, how many bytes).
+fn ahead_pieces(at: u64, len: u64, size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = at.saturating_add(len).min(size);
+    (at - at % CHUNK..end)
+        .step_by(AHEAD_GET as usize)
+        .map(move |p| (p, AHEAD_GET.min(end - p)))
+}
+
 /// Read-ahead requests, served by a few threads for every remote object of the process.
 struct Ahead {
     queue: Mutex<VecDeque<(Arc<Inner>, u64, u64)>>,
@@ -994,19 +1013,284 @@ impl Ahead {
     /// Queues `[at, at + len)` in pieces, so the threads fetch them side by side: behind
     /// what is queued, or (`first`) ahead of it, the end first.
     fn push(&self, inner: Arc<Inner>, at: u64, len: u64, first: bool) {
-        let end = at.saturating_add(len).min(inner.size);
         let mut q = self.queue.lock();
-        let mut p = at - at % CHUNK;
-        while p < end {
-            let n = AHEAD_GET.min(end - p);
+        for (p, n) in ahead_pieces(at, len, inner.size) {
             if first {
                 q.push_front((inner.clone(), p, n));
             } else {
                 q.push_back((inner.clone(), p, n));
             }
-            p += n;
         }
         drop(q);
         self.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::time::Duration;
+
+    /// Requests sent by this process so far.
+    fn requests() -> u64 {
+        http::totals().map_or(0, |(n, _)| n)
+    }
+
+    /// An object of `size` bytes, its first bytes `first`, at an address where no server
+    /// listens: any GET fails at once, so what a test reads came from what is kept.
+    fn object(size: u64, first: Vec<u8>) -> Arc<Inner> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}/object");
+        Arc::new(Inner {
+            client: http::Client::shared(None).unwrap(),
+            target: http::Target {
+                url: url.clone(),
+                host: format!("127.0.0.1:{port}"),
+                path: "/object".into(),
+                name: url.clone(),
+                endpoint: format!("http://127.0.0.1:{port}"),
+                signer: None,
+                credentials_from: "none".into(),
+                budget: Duration::from_millis(1),
+            },
+            name: PathBuf::from(url),
+            size,
+            etag: None,
+            mtime: 0,
+            id: next_id(),
+            stage: None,
+            share: None,
+            staging: Staging::Never,
+            reads: AtomicU64::new(0),
+            staged: AtomicBool::new(false),
+            first: first.into_boxed_slice(),
+            streams: Mutex::new(Vec::with_capacity(STREAMS)),
+            pending: Mutex::new(Vec::new()),
+            landed: Condvar::new(),
+        })
+    }
+
+    /// The byte at `pos` of every test object: a wrong offset shows.
+    fn byte(pos: u64) -> u8 {
+        (pos.wrapping_mul(2_654_435_761) >> 13) as u8
+    }
+
+    fn bytes(from: u64, to: u64) -> Vec<u8> {
+        (from..to).map(byte).collect()
+    }
+
+    /// Puts chunks `cs` of `inner` in the chunk cache.
+    fn cache_chunks(inner: &Inner, cs: std::ops::Range<u64>) {
+        for c in cs {
+            let to = ((c + 1) * CHUNK).min(inner.size);
+            chunks()
+                .get_or_load(inner.key(c), || Ok(bytes(c * CHUNK, to)))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_get_fetches_whole_chunks_up_to_its_size() {
+        let big = 1 << 40;
+        // Within one chunk: that chunk.
+        assert_eq!(chunk_span(CHUNK + 5, 10, big), (CHUNK, 2 * CHUNK));
+        // Across a boundary: both.
+        assert_eq!(chunk_span(2 * CHUNK - 1, 2, big), (CHUNK, 3 * CHUNK));
+        // A long span: one GET's worth from the first chunk.
+        assert_eq!(
+            chunk_span(3 * CHUNK + 7, 100 * CHUNK, big),
+            (3 * CHUNK, 3 * CHUNK + AHEAD_GET)
+        );
+        // The object's last chunk as long as it is.
+        let size = 5 * CHUNK + 100;
+        assert_eq!(chunk_span(5 * CHUNK + 1, CHUNK, size), (5 * CHUNK, size));
+        assert_eq!(chunk_span(4 * CHUNK, 10 * CHUNK, size), (4 * CHUNK, size));
+        // At the end: the chunk the end is in, if any.
+        assert_eq!(chunk_span(size, 10, size), (5 * CHUNK, size));
+        let (from, to) = chunk_span(5 * CHUNK, 10, 5 * CHUNK);
+        assert!(to <= from, "{from}..{to}");
+    }
+
+    #[test]
+    fn read_ahead_is_queued_in_gets_of_a_few_mib_from_a_chunk_boundary() {
+        let size = 100 * AHEAD_GET;
+        let at = 3 * CHUNK + 7;
+        let len = 3 * AHEAD_GET + 5;
+        let pieces: Vec<_> = ahead_pieces(at, len, size).collect();
+        assert_eq!(pieces.len(), 4, "{pieces:?}");
+        assert_eq!(pieces[0].0, 3 * CHUNK);
+        let mut p = 3 * CHUNK;
+        for &(at, n) in &pieces {
+            assert_eq!(at, p, "contiguous: {pieces:?}");
+            assert!(n > 0 && n <= AHEAD_GET, "{pieces:?}");
+            p += n;
+        }
+        assert_eq!(p, at + len, "to the span's end");
+        // Clipped at the object's end; nothing past it.
+        let tail: Vec<_> = ahead_pieces(size - 10, AHEAD_GET, size).collect();
+        assert_eq!(tail, [(size - CHUNK, CHUNK)]);
+        assert_eq!(ahead_pieces(size, 10, size).count(), 0);
+        assert_eq!(ahead_pieces(u64::MAX - 3, 10, size).count(), 0);
+    }
+
+    #[test]
+    fn files_fetched_whole_are_found_within_their_bytes_newest_first() {
+        let mut spans = Spans::default();
+        spans.add(1, 100, bytes(100, 150).into());
+        let mut buf = [0u8; 10];
+        assert!(spans.copy(1, 110, &mut buf));
+        assert_eq!(buf[..], bytes(110, 120)[..]);
+        assert!(spans.copy(1, 140, &mut buf), "up to the span's last byte");
+        assert!(!spans.copy(1, 141, &mut buf), "past its end");
+        assert!(!spans.copy(1, 95, &mut buf), "before its start");
+        assert!(!spans.copy(2, 110, &mut buf), "another object's");
+        // A newer fetch of the same bytes is the one read.
+        spans.add(1, 100, vec![7u8; 50].into());
+        assert!(spans.copy(1, 110, &mut buf));
+        assert_eq!(buf, [7u8; 10]);
+        // Bounded by bytes, the oldest going first.
+        let piece = SPAN_CACHE / 4;
+        for i in 0..5u64 {
+            spans.add(3, i << 32, vec![i as u8; piece].into());
+        }
+        assert!(spans.bytes <= SPAN_CACHE, "{} bytes", spans.bytes);
+        assert_eq!(
+            spans.bytes,
+            spans.list.iter().map(|(_, _, b)| b.len()).sum::<usize>()
+        );
+        assert!(!spans.copy(1, 110, &mut buf), "the oldest went");
+        assert!(!spans.copy(3, 0, &mut buf), "the oldest went");
+        assert!(spans.copy(3, 4 << 32, &mut buf));
+        assert_eq!(buf, [4u8; 10]);
+    }
+
+    #[test]
+    fn a_stream_of_large_reads_is_fetched_ahead_of_itself() {
+        let inner = object(1 << 40, Vec::new());
+        let len = 256 << 10;
+        assert_eq!(inner.follow(0, len), None, "one read is no stream");
+        let mut fetched = None;
+        let mut gets = 0;
+        for i in 1..64u64 {
+            let end = (i + 1) * len;
+            if let Some((from, n)) = inner.follow(i * len, len) {
+                gets += 1;
+                // Each fetch carries on from the last one, never behind the read.
+                assert!(from >= end, "read {i}: fetch from {from}");
+                if let Some(to) = fetched {
+                    assert_eq!(from, to, "read {i}: contiguous");
+                }
+                fetched = Some(from + n);
+            }
+            let ahead = fetched.expect("fetched ahead from the second read") - end;
+            assert!(ahead >= STREAM_AHEAD / 2, "read {i}: {ahead} bytes ahead");
+        }
+        // Once each half window, not each read.
+        let stream = 63 * len;
+        assert!(
+            gets <= stream.div_ceil(STREAM_AHEAD / 2) + 1,
+            "{gets} fetches for {stream} bytes"
+        );
+        // Reads elsewhere are streams of their own; once there are too many, the oldest
+        // is forgotten.
+        let next = 64 * len;
+        assert_eq!(inner.follow(1 << 35, len), None);
+        assert!(
+            inner.follow((1 << 35) + len, len).is_some(),
+            "a second stream"
+        );
+        for s in 0..STREAMS as u64 {
+            assert_eq!(inner.follow((s + 1) << 36, len), None);
+        }
+        assert_eq!(
+            inner.follow(next, len),
+            None,
+            "the first stream was forgotten"
+        );
+    }
+
+    #[test]
+    fn reads_within_cached_chunks_or_the_first_bytes_send_no_request() {
+        let size = 4 * CHUNK + 100;
+        let inner = object(size, bytes(0, 1000));
+        let other = object(size, Vec::new());
+        cache_chunks(&inner, 0..5);
+        let obj = RemoteObject {
+            inner: inner.clone(),
+        };
+        let before = requests();
+        // Small reads: across a chunk boundary, and the object's short last chunk.
+        for (at, n) in [(CHUNK - 100, 5000), (4 * CHUNK, 100), (10, 20)] {
+            let mut buf = vec![0u8; n];
+            obj.read_exact_at(&mut buf, at).unwrap();
+            assert!(buf == bytes(at, at + n as u64), "{n} bytes at {at}");
+        }
+        // A large read, served from the chunks it spans.
+        let mut buf = vec![0u8; SMALL + 1];
+        obj.read_exact_at(&mut buf, CHUNK + 3).unwrap();
+        assert!(buf == bytes(CHUNK + 3, CHUNK + 3 + buf.len() as u64));
+        let mut buf = vec![0u8; 3 * CHUNK as usize];
+        assert!(inner.cached_span(50, &mut buf));
+        assert!(buf == bytes(50, 50 + 3 * CHUNK));
+        assert_eq!(requests(), before, "nothing was asked of the server");
+        // Another object's chunks of the same numbers are not these.
+        let mut buf = vec![0u8; 100];
+        assert!(!other.cached_span(0, &mut buf));
+        // Nor is a span one of whose chunks is not cached.
+        chunks().forget(|k| k == inner.key(2));
+        let mut buf = vec![0u8; 2 * CHUNK as usize];
+        assert!(!inner.cached_span(CHUNK, &mut buf));
+    }
+
+    /// The one test that sends a request: to where no server listens.
+    #[test]
+    fn a_chunk_not_cached_is_asked_of_the_server() {
+        let inner = object(3 * CHUNK, Vec::new());
+        let obj = RemoteObject {
+            inner: inner.clone(),
+        };
+        let before = requests();
+        let mut buf = [0u8; 10];
+        assert!(obj.read_exact_at(&mut buf, CHUNK).is_err());
+        assert!(requests() > before, "no request was sent");
+        assert!(
+            chunks().get(inner.key(1)).is_none(),
+            "a failed GET keeps nothing"
+        );
+    }
+
+    #[test]
+    fn a_read_waits_for_the_get_under_way_that_holds_it() {
+        let inner = object(1 << 20, Vec::new());
+        let mut buf = [0u8; 20];
+        assert!(
+            !inner.span_hit(10, &mut buf),
+            "nothing fetched, nothing under way"
+        );
+        inner.pending.lock().push((0, 1000));
+        let waiter = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 20];
+                let hit = inner.span_hit(10, &mut buf);
+                (hit, buf)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "the read did not wait");
+        spans().lock().add(inner.id, 0, bytes(0, 1000).into());
+        inner.span_done((0, 1000));
+        let (hit, got) = waiter.join().unwrap();
+        assert!(hit);
+        assert_eq!(got[..], bytes(10, 30)[..]);
+        assert!(inner.pending.lock().is_empty());
+        // A read outside what is under way does not wait for it.
+        inner.pending.lock().push((0, 1000));
+        assert!(!inner.span_hit(2000, &mut buf));
+        inner.span_done((0, 1000));
     }
 }
