@@ -23,9 +23,21 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-/// `os.stat_result`'s fields, in the order python/archfs/reader.py reads them:
-/// mode, ino, nlink, uid, gid, size, mtime, mtime_nsec, rdev, blocks.
-type Stat = (u32, u64, u32, u32, u32, u64, i64, u32, u32, u64);
+/// What `stat` says of an entry: the fields python/archfs/reader.py makes an
+/// `os.stat_result` of. `mode` holds the `S_IFMT` bits and the permissions.
+#[pyclass(frozen, get_all, module = "archfs._native")]
+struct Stat {
+    mode: u32,
+    ino: u64,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: u32,
+    rdev: u32,
+    blocks: u64,
+}
 
 /// A directory entry: name, `S_IFMT` bits, stat fields when asked for.
 type Entry<'py> = (Bound<'py, PyString>, u32, Option<Stat>);
@@ -146,7 +158,7 @@ impl Archive {
                         .map(|e| a.attr(e.ino).map(|x| Some(stat(&x))))
                         .collect::<Result<Vec<_>, _>>()?
                 } else {
-                    vec![None; entries.len()]
+                    entries.iter().map(|_| None).collect()
                 };
                 Ok((entries, stats))
             })
@@ -547,18 +559,18 @@ unsafe fn bytes_buffer<'a>(bytes: &Bound<'_, PyBytes>, len: usize) -> &'a mut [u
 }
 
 fn stat(a: &Attr) -> Stat {
-    (
-        kind_bits(a.kind) | u32::from(a.perm),
-        a.ino,
-        a.nlink,
-        a.uid,
-        a.gid,
-        a.size,
-        a.mtime,
-        a.mtime_nsec,
-        a.rdev,
-        a.blocks,
-    )
+    Stat {
+        mode: kind_bits(a.kind) | u32::from(a.perm),
+        ino: a.ino,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        size: a.size,
+        mtime: a.mtime,
+        mtime_nsec: a.mtime_nsec,
+        rdev: a.rdev,
+        blocks: a.blocks,
+    }
 }
 
 fn kind_bits(k: Kind) -> u32 {
@@ -616,6 +628,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the command line gives them; more with ARCHFS_LOG.
     archfs::job::init_logging(false, false);
     m.add_class::<Archive>()?;
+    m.add_class::<Stat>()?;
+    m.add_class::<stage::Topology>()?;
     m.add_class::<stage::NodeCopy>()?;
     m.add_function(wrap_pyfunction!(stage::fetched, m)?)?;
     m.add_function(wrap_pyfunction!(stage::topology, m)?)?;

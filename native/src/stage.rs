@@ -167,10 +167,28 @@ pub fn fetched() -> (u64, u64) {
     (requests, bytes + archfs::source::read_from_files())
 }
 
-/// The job's shape as its launcher says it: (nodes, this node's index, ranks on this
-/// node, this rank's index among them, where it was read), `None` outside a job.
+/// The job's shape as its launcher says it (`archfs::topology`).
+#[pyclass(frozen, get_all, module = "archfs._native")]
+pub struct Topology {
+    /// Nodes in the job.
+    nodes: u32,
+    /// This node's index, when the launcher says it.
+    node: Option<u32>,
+    /// Ranks on this node, and this rank's index among them, when the launcher says them.
+    ranks_here: Option<u32>,
+    rank_here: Option<u32>,
+    /// The launcher's variables it was read from, for log lines.
+    variables: &'static str,
+}
+
+/// The job's shape, `None` outside a job.
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-pub fn topology() -> Option<(u32, Option<u32>, Option<u32>, Option<u32>, &'static str)> {
-    archfs::topology::from_env().map(|t| (t.nodes, t.node, t.ranks_here, t.rank_here, t.from))
+pub fn topology() -> Option<Topology> {
+    archfs::topology::from_env().map(|t| Topology {
+        nodes: t.nodes,
+        node: t.node,
+        ranks_here: t.ranks_here,
+        rank_here: t.rank_here,
+        variables: t.from,
+    })
 }

@@ -129,13 +129,13 @@ class Archive:
 
     def isdir(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISDIR(self._handle().stat(path, True)[0])
+            return _stat.S_ISDIR(self._handle().stat(path, True).mode)
         except OSError:
             return False
 
     def isfile(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISREG(self._handle().stat(path, True)[0])
+            return _stat.S_ISREG(self._handle().stat(path, True).mode)
         except OSError:
             return False
 
@@ -279,17 +279,17 @@ class DirEntry:
 
     __slots__ = ("_archive", "name", "path", "_kind", "_lstat", "_stat")
 
-    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: tuple) -> None:
+    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: "_native.Stat") -> None:
         self._archive, self.name, self.path = archive, name, _join(parent, name)
         self._kind, self._lstat, self._stat = kind, st, None
 
     def inode(self) -> int:
-        return self._lstat[1]
+        return self._lstat.ino
 
     def is_symlink(self) -> bool:
         return self._kind == _stat.S_IFLNK
 
-    def _followed(self) -> Optional[tuple]:
+    def _followed(self) -> Optional["_native.Stat"]:
         if self._kind != _stat.S_IFLNK:
             return self._lstat
         if self._stat is None:
@@ -301,11 +301,11 @@ class DirEntry:
 
     def is_dir(self, *, follow_symlinks: bool = True) -> bool:
         st = self._followed() if follow_symlinks else self._lstat
-        return st is not None and _stat.S_ISDIR(st[0])
+        return st is not None and _stat.S_ISDIR(st.mode)
 
     def is_file(self, *, follow_symlinks: bool = True) -> bool:
         st = self._followed() if follow_symlinks else self._lstat
-        return st is not None and _stat.S_ISREG(st[0])
+        return st is not None and _stat.S_ISREG(st.mode)
 
     def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
         if follow_symlinks and self._kind == _stat.S_IFLNK:
@@ -358,12 +358,12 @@ def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-def _stat_result(st: tuple) -> os.stat_result:
-    mode, ino, nlink, uid, gid, size, mtime, nsec, rdev, blocks = st
-    t = mtime + nsec / 1e9
-    ns = mtime * 1_000_000_000 + nsec
+def _stat_result(st: "_native.Stat") -> os.stat_result:
+    mtime = st.mtime
+    t = mtime + st.mtime_nsec / 1e9
+    ns = mtime * 1_000_000_000 + st.mtime_nsec
     return os.stat_result(
-        (mode, ino, 0, nlink, uid, gid, size, mtime, mtime, mtime),
+        (st.mode, st.ino, 0, st.nlink, st.uid, st.gid, st.size, mtime, mtime, mtime),
         {
             "st_atime": t,
             "st_mtime": t,
@@ -372,7 +372,7 @@ def _stat_result(st: tuple) -> os.stat_result:
             "st_mtime_ns": ns,
             "st_ctime_ns": ns,
             "st_blksize": 4096,
-            "st_blocks": blocks,
-            "st_rdev": rdev,
+            "st_blocks": st.blocks,
+            "st_rdev": st.rdev,
         },
     )

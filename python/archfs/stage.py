@@ -162,7 +162,7 @@ def stage_files(
     copy.fetch_free()
     _finish(staged, f"archfs.stage_files({url})", timeout, start, fetched)
     shape = _native.topology()
-    if not quiet and (shape is None or not shape[3]):
+    if not quiet and (shape is None or not shape.rank_here):
         print(
             f"archfs: {url}: this node's share, {len(paths)} files in {copy.size / 1e9:.2f} "
             f"GB, on this node in {staged.seconds:.1f} s ({staged.from_storage / 1e9:.2f} GB "

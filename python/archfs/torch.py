@@ -340,12 +340,16 @@ class NodeSampler(torch.utils.data.Sampler):
     ) -> None:
         from . import _native
 
-        shape = _native.topology() or (1, 0, 1, 0, "")
-        nodes = nodes if nodes is not None else shape[0]
-        ranks_here = ranks_here if ranks_here is not None else (shape[2] or 1)
-        rank_here = rank_here if rank_here is not None else (shape[3] or 0)
+        shape = _native.topology()
+        if nodes is None:
+            nodes = shape.nodes if shape else 1
+        if ranks_here is None:
+            ranks_here = (shape and shape.ranks_here) or 1
+        if rank_here is None:
+            rank_here = (shape and shape.rank_here) or 0
         if node is None:
-            node = shape[1] if shape[1] is not None else _global_rank() // ranks_here
+            known = shape.node if shape else 0
+            node = known if known is not None else _global_rank() // ranks_here
         if not 0 <= node < nodes or not 0 <= rank_here < ranks_here:
             raise ValueError(
                 f"node {node} of {nodes}, rank {rank_here} of {ranks_here} on it: "
