@@ -110,7 +110,8 @@ fn use_mount(mnt: &Path, files: usize) {
 /// Share of `archive` the server of `mnt` has read from storage (`read_bytes` of
 /// /proc/PID/io, which counts read-ahead the server asked for too). Unlike page-cache
 /// residency this stays put when the kernel reclaims pages: this machine's kdamond pages
-/// out page cache idle for seconds (docs/BENCHMARKS-HISTORY.md).
+/// out page cache idle for seconds
+/// (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#the-machines).
 fn server_read(mnt: &Path, archive: &Path) -> f64 {
     let bytes: u64 = server_proc(mnt, "io", "read_bytes:").parse().unwrap();
     bytes as f64 / std::fs::metadata(archive).unwrap().len() as f64

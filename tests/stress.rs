@@ -1,7 +1,7 @@
 //! Load: more readers than FUSE threads (threads and processes), random files and random
 //! ranges, lookups, listings, stats and xattr calls mixed in, for a bounded time, with a
 //! cache far smaller than the data so eviction races with the readers. Every byte is
-//! checked against the source; the counts are printed for docs/RELIABILITY.md.
+//! checked against the source; the counts are printed for docs/RELIABILITY.md#load.
 
 mod common;
 
@@ -182,7 +182,7 @@ print(n)
     );
     assert!(counts.reads.load(Ordering::Relaxed) > 100);
     // Memory stays within the cache budget plus the stated fixed overhead
-    // (docs/RELIABILITY.md), however much data went through.
+    // (docs/RELIABILITY.md#memory), however much data went through.
     let hwm = server_peak_rss(mnt);
     eprintln!(
         "{what}: server peak RSS {} KiB with a 2 MiB cache",

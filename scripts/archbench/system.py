@@ -52,11 +52,12 @@ DAMON = "/sys/kernel/mm/damon/admin/kdamonds"
 
 def hold_page_cache():
     """Stops the VM's DAMON schemes for the run, restored at exit. The bench's VM runs one
-    that pages out file pages idle for about a minute (BENCHMARKS-HISTORY.md, "The
-    machines"): during a cold pass of 1.28 M small files that takes minutes, the pages read
-    first are gone before the warm pass, which then reads the disk (the plain directory's
-    warm 2-reader epoch took 11.2 s where 4 readers took 4.6 s). HPC nodes run no such
-    scheme."""
+    that pages out file pages idle for about a minute: during a cold pass of 1.28 M small
+    files that takes minutes, the pages read first are gone before the warm pass, which then
+    reads the disk (the plain directory's warm 2-reader epoch took 11.2 s where 4 readers
+    took 4.64 s,
+    docs/history/2026-11-26-unions-locks-object-storage-in-process.md#in-process-reader-3-runs-with-damons-page-out-stopped-2026-11-26-later).
+    HPC nodes run no such scheme."""
     try:
         names = sorted(n for n in os.listdir(DAMON) if n.isdigit())
     except OSError:

@@ -118,9 +118,10 @@ impl DirectoryReplier for WithAttrs<'_> {
 impl Filesystem for ArchFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Readdirplus trades a slower listing (the kernel builds an inode for every entry
-        // it lists) for no LOOKUP round trip per file later. At 1.28 M files, cold: `find`
-        // 1 s -> 7 s, a stat of every file 64 s -> 9 s, a first epoch 48 s -> 31 s
-        // (docs/BENCHMARKS-HISTORY.md, "ImageNet scale").
+        // it lists) for no LOOKUP round trip per file later. At 1.28 M files, tar, cold:
+        // `find` 0.6 s -> 2.6 s, a stat of every file 31.0 s -> 4.7 s, a first epoch with
+        // 2 readers 23.2 s -> 17.0 s
+        // (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#imagenet-scale-1281167-files-2026-11-24-commit-fb867ba).
         let mut wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_CACHE_SYMLINKS;
         match self.vfs.kernel_readdirplus() {
             Readdirplus::Always => wanted |= InitFlags::FUSE_DO_READDIRPLUS,

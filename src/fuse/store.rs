@@ -3,7 +3,8 @@
 //! members) go by splice(2): the archive's page-cache pages are handed to the kernel
 //! through a pipe and copied once, into the FUSE file's pages. Through fuser's notifier
 //! they were read into this process first, which on 2 cores is a third of what a cold
-//! tar epoch copies (docs/BENCHMARKS-HISTORY.md).
+//! tar epoch copies
+//! (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#splicing-the-push-what-bounds-a-cold-epoch-here-2026-11-25-later).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

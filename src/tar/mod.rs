@@ -74,9 +74,10 @@ const IO_SIZE: u32 = 128 << 10;
 /// Members of a plain tar are read straight from the archive file with `pread`, into the
 /// reading thread's buffer. The kernel's page cache of the archive is the only cache: a
 /// chunk cache of our own (until this was measured) read a whole 128 KiB chunk into a new
-/// buffer for each small read that missed, held 520 MiB in a 10,000-file epoch, and cost
-/// ~30% more server CPU (docs/BENCHMARKS-HISTORY.md). A compressed tar is read through its
-/// decoded view, which caches what it decodes.
+/// buffer for each small read that missed, held 523 MiB in a 10,000-file epoch, and cost
+/// ~30% more server CPU
+/// (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#what-each-choice-bought).
+/// A compressed tar is read through its decoded view, which caches what it decodes.
 pub struct TarArchive {
     body: Body,
     /// Compressed tars inside a plain one (`--recursive`), body 1 first.

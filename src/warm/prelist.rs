@@ -7,7 +7,8 @@
 //! kinds of listing are told apart ([`Ahead`]): the job's carry no attributes and cost
 //! what a plain directory's do, the lister's carry them all, on spare CPU (nice 19). A
 //! stat or open by path (a dataset indexed by a file list) then finds its dentry with no
-//! LOOKUP round trip: at 1.28 M files, 42.7 s became 6.0 s (docs/BENCHMARKS-HISTORY.md).
+//! LOOKUP round trip: at 1.28 M files, 42.7 s became 6.0 s
+//! (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#listing-the-tree-ahead-2026-11-25).
 //!
 //! A process, not a thread: a server thread blocked on a request to its own mount keeps a
 //! killed server from exiting (the kernel waits for the reply without end once the

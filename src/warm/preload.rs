@@ -18,9 +18,10 @@ use crate::sync::Mutex;
 
 use crate::archive::Extent;
 
-/// Reads in flight at once. On an earlier session's virtio disk (docs/BENCHMARKS-HISTORY.md),
-/// buffered reads of a cold 1.1 GB tar ran at 390 MB/s with one reader, 870 with two, 1460
-/// with four 8 MiB readers and 1850 MB/s with four 2 MiB readers.
+/// Reads in flight at once. On an earlier session's virtio disk, buffered reads of a cold
+/// 1.1 GB tar ran at 386 MB/s with one reader, 872 with two, 1458 with four 8 MiB readers
+/// and 1848 MB/s with four 2 MiB readers
+/// (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#what-each-choice-bought).
 const READERS: usize = 4;
 /// Bytes per read.
 const CHUNK: u64 = 2 << 20;
@@ -295,10 +296,12 @@ impl Plan {
 
 /// Waits for `[at, at + len)` of `file` to be in the page cache. Where the kernel takes
 /// advice (`piece`), the caller has asked it to read the range ahead (no copy to this
-/// process), and the wait is a one-byte read of its end. On the 1.1 GB tar of docs/BENCHMARKS-HISTORY.md, four
+/// process), and the wait is a one-byte read of its end. On the bench's 1.1 GB tar, four
 /// threads doing this in 2 MiB chunks cached the file in 0.79-0.84 s, four threads reading
-/// the chunks into buffers in 1.06-1.42 s (and spent a core copying). Where the advice is
-/// not known to be taken (`piece` is `None`), the chunk is read into `scratch`.
+/// the chunks into buffers in 1.06-1.42 s (and spent a core copying)
+/// (docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#what-each-choice-bought).
+/// Where the advice is not known to be taken (`piece` is `None`), the chunk is read into
+/// `scratch`.
 fn fetch(
     file: &File,
     piece: Option<u64>,

@@ -2,7 +2,8 @@
 //! (FUSE's notify-store), so the files pushed are read with no READ request: no round
 //! trip, no wake-up of a server thread, no reply to copy. With `--preload`, once reads show
 //! an epoch. On the bench's 10,000-file tar, a cold 2-reader epoch after a listing took
-//! 0.71-0.89 s with the push against 1.14-1.36 s without (docs/BENCHMARKS-HISTORY.md).
+//! 0.73 s with the push against 1.03 s without (3-run medians,
+//! docs/history/2026-11-23-to-25-summary-imagenet-scale-machines.md#pushing-files-into-the-page-cache-2026-11-25).
 //!
 //! The kernel takes a push only for an inode it holds, and fuser reports a push to an
 //! unknown one as a success, so only the files of directories listed with their
