@@ -2,11 +2,12 @@
 //! datasets of many small files read in parallel by training jobs on HPC clusters.
 //!
 //! Layers, bottom up, each importing only those below it:
-//! - [`source`]: where the bytes come from (a local file today), positional reads;
 //! - [`cache`]: the shared block cache, bounded by bytes; [`memory`]: what the job may fill;
 //!   [`per_process`]: process-wide values a forked child makes anew; [`sync`]: locks a
 //!   forked child can use; [`node`]: what the processes of a job on one node share;
 //!   [`topology`]: the job's nodes and ranks, as its launcher says them;
+//! - [`source`]: where the bytes come from (a local file, an object in S3 or over HTTP, a
+//!   node's staged copy of one), positional reads;
 //! - the formats: [`squashfs`], [`tar`] and [`compressed`] (random access into gzip,
 //!   zstd, xz and bzip2 streams, for the tar above them);
 //! - [`archive`]: the interface the formats implement, unions, the full check walk;

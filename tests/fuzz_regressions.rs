@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use archfs::archive::check::FUZZ_LIMITS;
-use archfs::open::{check_bytes, check_union_bytes, Format};
+use archfs::open::fuzz::{check_bytes, check_union_bytes, Format};
 
 fn replay(dir: &str, format: Format) -> usize {
     replay_with(dir, move |data| {

@@ -16,7 +16,7 @@ use archfs::cache::CacheConfig;
 use archfs::error::Error;
 use archfs::open;
 use archfs::vfs::{DirectoryEntry, DirectoryReplier, Opened, Readdirplus, Vfs, Xattr};
-use archfs::warm::prelist::Ahead;
+use archfs::warm::prelist::ListerPid;
 use archfs::warm::push::Pusher;
 use common::*;
 
@@ -134,7 +134,7 @@ fn errno<T>(r: Result<T, Error>) -> i32 {
 /// kernel's pid_max (2^22).
 const JOB: u32 = u32::MAX / 2;
 
-/// The current thread's id: the lister's, once the Ahead names this process.
+/// The current thread's id: the lister's, once the ListerPid names this process.
 fn this_thread() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u32 }
@@ -143,7 +143,7 @@ fn this_thread() -> u32 {
 /// A Vfs as a mount with the listing ahead builds it: the lister is this process, so a
 /// request from [`this_thread`] is the lister's and one from [`JOB`] the job's.
 fn with_ahead(archive: &Arc<dyn Archive>) -> (Vfs, Arc<Pusher>) {
-    let ahead = Ahead::new();
+    let ahead = ListerPid::new();
     ahead.set_lister(std::process::id());
     let push = Arc::new(Pusher::new(archive.clone()));
     let vfs = Vfs::new(archive.clone(), None)

@@ -3,7 +3,7 @@
 #![no_main]
 
 use archfs::archive::check::FUZZ_LIMITS;
-use archfs::open::{check_bytes, Format};
+use archfs::open::fuzz::{check_bytes, Format};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use archfs::archive::check::FUZZ_LIMITS;
-use archfs::open::check_union_bytes;
+use archfs::open::fuzz::check_union_bytes;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

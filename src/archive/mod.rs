@@ -221,7 +221,7 @@ pub trait Archive: Send + Sync {
     }
     /// `--preload` of a compressed archive: decode all of it in the background into a
     /// copy reads are then served from.
-    fn decode_ahead(&self, _which: Ahead) {}
+    fn decode_ahead(&self, _which: DecodeAhead) {}
     /// Whether a decoded copy is still being made: reads meanwhile decode in place.
     fn decoding_ahead(&self) -> bool {
         false
@@ -230,7 +230,7 @@ pub trait Archive: Send + Sync {
 
 /// Which compressed archives [`Archive::decode_ahead`] starts decoding, and where to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ahead {
+pub enum DecodeAhead {
     /// Those whose reads would decode far (entry points over a MiB apart: xz and bzip2
     /// blocks, pzstd frames), into memory if it fits: `--preload=auto` at mount, since
     /// a read before the copy decodes a whole block or frame for one file.

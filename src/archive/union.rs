@@ -479,7 +479,7 @@ impl Archive for Union {
         self.members.iter().flat_map(|m| m.extents()).collect()
     }
 
-    fn decode_ahead(&self, which: super::Ahead) {
+    fn decode_ahead(&self, which: super::DecodeAhead) {
         for m in &self.members {
             m.decode_ahead(which);
         }

@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use super::ahead::{DecodeFn, Piece, Split, Window};
+use super::parallel_decoder::{DecodeFn, Piece, Split};
+use super::read_window::ReadWindow;
 use super::{Decoder, Point};
 use crate::error::{Error, Result};
 use crate::source::Source;
@@ -26,7 +27,7 @@ const CHUNK: usize = 1 << 20;
 /// Blocks found from their magics. Pieces are bit ranges `[input, end)` of the archive,
 /// from a block's magic to the next magic.
 pub struct Blocks {
-    window: Window,
+    window: ReadWindow,
     started: bool,
     /// Where the next block starts (found as the end of the last one).
     open: Option<u64>,
@@ -41,7 +42,7 @@ impl Blocks {
     /// The blocks of the streams from the archive's start.
     pub fn new(src: &Arc<Source>) -> Blocks {
         Blocks {
-            window: Window::new(src),
+            window: ReadWindow::new(src),
             started: false,
             open: None,
             combined: 0,
@@ -52,7 +53,7 @@ impl Blocks {
     /// The blocks from the one whose magic is at bit `bit` on.
     pub fn at(src: &Arc<Source>, bit: u64) -> Blocks {
         Blocks {
-            window: Window::new(src),
+            window: ReadWindow::new(src),
             started: true,
             open: Some(bit),
             combined: 0,
@@ -383,7 +384,7 @@ impl BitWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compressed::ahead::Ahead;
+    use crate::compressed::parallel_decoder::ParallelDecoder;
     use crate::compressed::Decoder;
 
     fn bzip2(data: &[u8], level: u32) -> Vec<u8> {
@@ -407,7 +408,8 @@ mod tests {
         while pieces.next()?.is_some() {
             n += 1;
         }
-        let mut a = Ahead::new(Box::new(Blocks::new(&src)), decode_blocks(&src), 3, 1 << 20)?;
+        let mut a =
+            ParallelDecoder::new(Box::new(Blocks::new(&src)), decode_blocks(&src), 3, 1 << 20)?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 100_000];
         while !a.ended() {

@@ -6,7 +6,8 @@ use zstd::zstd_safe::{
     decompress_bound, find_frame_compressed_size, get_error_name, DCtx, InBuffer, OutBuffer,
 };
 
-use super::ahead::{Ahead, DecodeFn, Piece, Split, Window};
+use super::parallel_decoder::{DecodeFn, ParallelDecoder, Piece, Split};
+use super::read_window::ReadWindow;
 use super::{Decoder, Input, Point};
 use std::sync::Arc;
 
@@ -101,7 +102,7 @@ impl Decoder for Frames {
 /// several, else one decoder.
 pub fn stream(src: &Arc<Source>, threads: usize) -> Result<Box<dyn Decoder>> {
     let mut split = FrameSplit {
-        window: Window::new(src),
+        window: ReadWindow::new(src),
         at: 0,
     };
     let several = threads > 1
@@ -113,11 +114,11 @@ pub fn stream(src: &Arc<Source>, threads: usize) -> Result<Box<dyn Decoder>> {
         return Ok(Box::new(Frames::resume(src, &Point::default())?));
     }
     split.at = 0;
-    Ok(Box::new(Ahead::new(
+    Ok(Box::new(ParallelDecoder::new(
         Box::new(split),
         decode_frames(src),
         threads,
-        super::ahead::BUDGET,
+        super::parallel_decoder::BUDGET,
     )?))
 }
 
@@ -139,7 +140,7 @@ const CHUNK: usize = 1 << 20;
 
 /// Finds frames from their headers and block headers, without decoding.
 struct FrameSplit {
-    window: Window,
+    window: ReadWindow,
     at: u64,
 }
 
@@ -435,7 +436,7 @@ mod tests {
         let (mut file, pieces) = pzstd(&parts);
         let src = source_of(&file, "zstd-good");
         let mut split = FrameSplit {
-            window: Window::new(&src),
+            window: ReadWindow::new(&src),
             at: 0,
         };
         for p in &pieces {
@@ -454,12 +455,12 @@ mod tests {
         file[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         let src = source_of(&file, "zstd-wrong");
         let mut split = FrameSplit {
-            window: Window::new(&src),
+            window: ReadWindow::new(&src),
             at: pieces[1].input,
         };
         assert!(split.hinted(PZSTD_MAGIC, 4, u64::MAX).unwrap().is_none());
         let mut split = FrameSplit {
-            window: Window::new(&src),
+            window: ReadWindow::new(&src),
             at: 0,
         };
         for p in &pieces {

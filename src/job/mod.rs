@@ -33,7 +33,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::archive::Ahead;
+use crate::archive::DecodeAhead;
 use crate::cache::CacheConfig;
 use crate::vfs::Readdirplus;
 
@@ -518,13 +518,13 @@ fn open_and_mount(
     let (trigger, plan) = match s.preload {
         Preload::Never => (None, None),
         Preload::Auto => {
-            archive.decode_ahead(Ahead::Far);
+            archive.decode_ahead(DecodeAhead::Far);
             let a = Arc::downgrade(&archive);
             let trigger = Trigger::new(archive.extents())
                 .once_per_node(key)
                 .then(move || {
                     if let Some(a) = a.upgrade() {
-                        a.decode_ahead(Ahead::Memory);
+                        a.decode_ahead(DecodeAhead::Memory);
                     }
                     start_push();
                 });
@@ -535,7 +535,7 @@ fn open_and_mount(
             if let Some(why) = &plan.skipped {
                 tracing::warn!("{why}");
             }
-            archive.decode_ahead(Ahead::Any);
+            archive.decode_ahead(DecodeAhead::Any);
             // The stream starts now; the push, like `auto`'s, when reads show an epoch.
             let trigger = Trigger::new(Vec::new()).then(start_push);
             (Some(Arc::new(trigger)), Some(plan))

@@ -24,7 +24,7 @@ pub struct Mount {
     watchdog: Option<Watchdog>,
     /// The listing ahead is wanted, and with --debug or not.
     list_ahead: Option<bool>,
-    ahead: Arc<prelist::Ahead>,
+    ahead: Arc<prelist::ListerPid>,
     lister: Option<Lister>,
 }
 
@@ -106,7 +106,7 @@ impl Mount {
                 available.unwrap_or(0) >> 20
             );
         }
-        let ahead = prelist::Ahead::new();
+        let ahead = prelist::ListerPid::new();
         if let (true, Some(p)) = (list_ahead, &push) {
             p.expect_whole_tree();
         }

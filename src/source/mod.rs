@@ -1,7 +1,8 @@
 //! Where an archive's bytes come from, under every format. The formats read a [`Source`],
-//! a window of a [`Storage`]: today a local file ([`LocalFile`]); an object in S3 or over
-//! HTTP and a node-local staged copy are further kinds of storage behind the same seam.
-//! Imports nothing of the crate but its errors.
+//! a window of a [`Storage`]: a local file ([`LocalFile`]) or an object in S3 or over
+//! HTTP ([`RemoteObject`]), read through the node's staged copy of it when there is one.
+//! Imports the crate's foundations (errors, locks, per-process values, memory, the node,
+//! the job's topology, progress) and the block cache, which keeps small remote reads.
 
 mod buf;
 mod file;

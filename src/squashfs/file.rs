@@ -286,7 +286,7 @@ impl SquashFs {
         }
         let raw = self.source.read_buf_through(pos, len, end)?;
         self.sb
-            .codec
+            .compressor
             .decompress(&raw, self.sb.block_size as usize)
             .map_err(|e| e.at(format_args!("data block at {pos}")))
     }

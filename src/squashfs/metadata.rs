@@ -45,7 +45,7 @@ impl SquashFs {
                 raw
             } else {
                 self.sb
-                    .codec
+                    .compressor
                     .decompress(&raw, BLOCK_SIZE)
                     .map_err(|e| e.at(format_args!("metadata block at {pos}")))?
             };

@@ -4,7 +4,7 @@
 //!
 //! Format reference: squashfs-tools-ng's doc/format.adoc.
 
-mod codec;
+mod compressor;
 mod dir;
 mod file;
 mod inode;
@@ -17,7 +17,7 @@ mod xattr;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-pub use codec::Codec;
+pub use compressor::Compressor;
 use inode::{Body, Inode, NO_XATTR};
 use metadata::MetaBlock;
 pub use superblock::Superblock;
@@ -164,7 +164,7 @@ impl Archive for SquashFs {
     fn format(&self) -> String {
         format!(
             "SquashFS 4.0, {}, {} KiB blocks",
-            self.sb.codec.name(),
+            self.sb.compressor.name(),
             self.sb.block_size / 1024
         )
     }

@@ -1,7 +1,7 @@
 //! The 96-byte superblock at offset 0: where every table starts, and the checks that keep
 //! a corrupt one from sending reads anywhere.
 
-use super::codec::Codec;
+use super::compressor::Compressor;
 use crate::error::{Error, Result};
 
 pub const SIZE: usize = 96;
@@ -14,7 +14,7 @@ pub struct Superblock {
     pub mod_time: u32,
     pub block_size: u32,
     pub frag_count: u32,
-    pub codec: Codec,
+    pub compressor: Compressor,
     pub flags: u16,
     pub id_count: u16,
     pub root_inode: u64,
@@ -58,7 +58,7 @@ impl Superblock {
             mod_time: u32_at(b, 8),
             block_size: u32_at(b, 12),
             frag_count: u32_at(b, 16),
-            codec: Codec::from_id(u16_at(b, 20))?,
+            compressor: Compressor::from_id(u16_at(b, 20))?,
             flags: u16_at(b, 24),
             id_count: u16_at(b, 26),
             root_inode: u64_at(b, 32),

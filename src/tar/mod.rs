@@ -26,7 +26,7 @@ mod nested;
 pub mod persist;
 mod union;
 
-pub use union::union_index_path;
+pub use union::{union_index_path, Merged};
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -41,7 +41,7 @@ use crate::sync::RwLock;
 
 use crate::archive::names::NameIndex;
 use crate::archive::{Archive, Attr, Data, DirEntry, Extent, Kind, Stats, ROOT_INO};
-use crate::compressed::{Codec, Decoded, Points, Scan};
+use crate::compressed::{Compression, Decoded, Points, Scan};
 use crate::error::{Error, Result};
 use crate::source::{Buf, Source};
 
@@ -144,7 +144,7 @@ pub struct Decoding {
     pub spacing: u64,
     /// The decoded-block cache and decoders, shared by every compressed stream of the
     /// mount (a union's shards, compressed tars inside an archive).
-    pub shared: Arc<crate::compressed::Shared>,
+    pub stream_cache: Arc<crate::compressed::StreamCache>,
     /// Where a decoded copy goes when one is needed and memory is short.
     pub stage_dir: Option<std::path::PathBuf>,
     /// Decoded bytes beyond which an archive is refused (the fuzz targets' bound on a
@@ -156,7 +156,7 @@ impl Default for Decoding {
     fn default() -> Decoding {
         Decoding {
             spacing: DEFAULT_SPACING,
-            shared: crate::compressed::Shared::new(
+            stream_cache: crate::compressed::StreamCache::new(
                 crate::cache::CacheConfig::default().total_bytes,
             ),
             stage_dir: None,
@@ -193,7 +193,7 @@ impl TarArchive {
     pub fn build_compressed(
         source: Arc<Source>,
         opts: BuildOptions,
-        codec: Codec,
+        codec: Compression,
         how: &Decoding,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<TarArchive> {
@@ -207,7 +207,13 @@ impl TarArchive {
             (b.finish(), points)
         };
         say_left_out(Some(source.path()), &index.skipped);
-        let decoded = Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref())?;
+        let decoded = Decoded::new(
+            source,
+            codec,
+            points,
+            &how.stream_cache,
+            how.stage_dir.as_deref(),
+        )?;
         TarArchive::from_index(Body::Decoded(Box::new(decoded)), Vec::new(), how, index)
     }
 
@@ -226,7 +232,7 @@ impl TarArchive {
                     slice,
                     n.codec,
                     n.points,
-                    &how.shared,
+                    &how.stream_cache,
                     how.stage_dir.as_deref(),
                 )?;
                 Ok(Body::Decoded(Box::new(d)))
@@ -585,7 +591,7 @@ impl Archive for TarArchive {
             .unwrap_or(ino)
     }
 
-    fn decode_ahead(&self, which: crate::archive::Ahead) {
+    fn decode_ahead(&self, which: crate::archive::DecodeAhead) {
         for b in self.bodies() {
             if let Body::Decoded(d) = b {
                 d.decode_ahead(which);
@@ -600,7 +606,7 @@ impl Archive for TarArchive {
 }
 
 /// Whether a compressed archive decodes to a tar header (or an empty tar's zeros).
-fn decodes_to_tar(source: &Arc<Source>, codec: Codec) -> bool {
+fn decodes_to_tar(source: &Arc<Source>, codec: Compression) -> bool {
     let mut raw = [0u8; 512];
     let Ok(n) = crate::compressed::first_bytes(source, codec, &mut raw) else {
         return false;
@@ -615,7 +621,7 @@ pub fn open(
     source: Arc<Source>,
     opts: BuildOptions,
     index_path: Option<&Path>,
-    codec: Option<Codec>,
+    codec: Option<Compression>,
     how: &Decoding,
 ) -> Result<Arc<TarArchive>> {
     let recursive = opts.recursive;
@@ -634,7 +640,7 @@ pub fn open_unsaved(
     source: Arc<Source>,
     opts: BuildOptions,
     index_path: Option<&Path>,
-    codec: Option<Codec>,
+    codec: Option<Compression>,
     how: &Decoding,
 ) -> Result<(Arc<TarArchive>, Option<PathBuf>)> {
     debug_assert_eq!(ROOT_INO, 1);
@@ -667,7 +673,7 @@ pub fn open_unsaved(
                     source,
                     codec,
                     points,
-                    &how.shared,
+                    &how.stream_cache,
                     how.stage_dir.as_deref(),
                 )?)),
                 _ => Body::Plain(source),
@@ -716,7 +722,7 @@ fn say_rejected(why: &persist::Rejected, path: &Path) {
 fn index_archive(
     source: Arc<Source>,
     opts: BuildOptions,
-    codec: Option<Codec>,
+    codec: Option<Compression>,
     how: &Decoding,
 ) -> Result<TarArchive> {
     let started = Instant::now();

@@ -11,7 +11,7 @@ use super::entries::Entry;
 use super::header::{Header, BLOCK};
 
 use crate::archive::Kind;
-use crate::compressed::{Bytes, Codec, Points};
+use crate::compressed::{Bytes, Compression, Points};
 use crate::error::{Error, Result};
 use crate::source::Source;
 
@@ -62,7 +62,7 @@ impl Opener {
             return Ok(None);
         }
         self.source.read_exact_at(at, &mut magic)?;
-        let Some(codec) = Codec::detect(&magic) else {
+        let Some(codec) = Compression::detect(&magic) else {
             return Ok(None);
         };
         let slice = Arc::new(self.source.slice(at, len)?);
@@ -83,7 +83,7 @@ impl Opener {
 /// A compressed tar inside the archive, found and about to be indexed: its format, the
 /// member as a source of its own, and where it is in the archive.
 pub(super) struct Found {
-    pub codec: Codec,
+    pub codec: Compression,
     pub source: Arc<Source>,
     pub at: u64,
     pub spacing: u64,
@@ -94,7 +94,7 @@ pub(super) struct Found {
 pub struct Nested {
     pub at: u64,
     pub len: u64,
-    pub codec: Codec,
+    pub codec: Compression,
     pub points: Points,
 }
 

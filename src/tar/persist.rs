@@ -92,7 +92,7 @@ use super::index::{kind_of, Index, Meta, Segment, XattrSet, NONE, ROOT, SPARSE};
 use super::nested::{body_of, Nested};
 use super::{Body, TarArchive};
 use crate::archive::Kind;
-use crate::compressed::{Codec, Points};
+use crate::compressed::{Compression, Points};
 use crate::error::{Error, Result};
 use crate::source::Source;
 
@@ -708,6 +708,19 @@ fn read_column(
     })
 }
 
+/// What the saved bytes under a union member's tar stream say of its compression
+/// ([`Under::compression`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SavedCompression {
+    /// A plain tar.
+    Plain,
+    /// Compressed in this format.
+    Compressed(Compression),
+    /// Damaged, of an unknown format, or with nested tars (which a member of a union has
+    /// not): the member is indexed again.
+    Unreadable,
+}
+
 /// The index file's section for what lies under the tar stream: the compressed tars
 /// inside a plain archive (offset, length, entry points), then the archive's own entry
 /// points if it is compressed.
@@ -733,15 +746,16 @@ impl Under {
     }
 
     /// The compression of the archive [`encode`](Self::encode) wrote this for, read from
-    /// its entry points' first byte (none: a plain tar); `None` if damaged.
-    pub fn codec(b: &[u8]) -> Option<Option<Codec>> {
-        let count = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
-        if count != 0 {
-            return None; // nested tars: a member of a union has none
+    /// its entry points' first byte (none: a plain tar).
+    pub fn compression(b: &[u8]) -> SavedCompression {
+        // A count of nested tars other than zero: a member of a union has none.
+        if b.get(..4) != Some(&[0u8; 4][..]) {
+            return SavedCompression::Unreadable;
         }
         match b.get(4) {
-            None => Some(None),
-            Some(&id) => Codec::from_id(id).map(Some),
+            None => SavedCompression::Plain,
+            Some(&id) => Compression::from_id(id)
+                .map_or(SavedCompression::Unreadable, SavedCompression::Compressed),
         }
     }
 
@@ -749,7 +763,7 @@ impl Under {
     /// bytes in `codec` (`None`: a plain tar).
     pub fn decode(
         b: &[u8],
-        codec: Option<Codec>,
+        codec: Option<Compression>,
         archive_len: u64,
     ) -> Option<(Option<Points>, Vec<Nested>)> {
         let mut r = b;
@@ -767,7 +781,7 @@ impl Under {
         for _ in 0..count {
             let (at, len, n) = (u64_(take(8)?), u64_(take(8)?), u64_(take(8)?));
             let blob = take(n)?;
-            let c = Codec::from_id(*blob.first()?)?;
+            let c = Compression::from_id(*blob.first()?)?;
             if at.checked_add(len)? > archive_len {
                 return None;
             }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index::Index;
-use super::persist::{self, Identity, Rejected, Under};
+use super::persist::{self, Identity, Rejected, SavedCompression, Under};
 use super::{merge, Body, Decoding, TarArchive};
 use crate::compressed::Decoded;
 use crate::error::{Error, Result};
@@ -29,22 +29,30 @@ pub fn union_index_path(members: &[PathBuf]) -> PathBuf {
     persist::default_path(&name, true)
 }
 
+/// What [`TarArchive::union`] made of its members.
+pub enum Merged {
+    /// One tar archive over the merged index.
+    One(Box<TarArchive>),
+    /// The members, given back unmerged: one holds compressed tars of its own
+    /// (`--recursive`), or all of them hold over 4 billion entries.
+    Apart(Vec<TarArchive>),
+}
+
 impl TarArchive {
     /// Tar archives served as one: directories merge, and for any other name the archive
-    /// given last wins. `Err` gives the members back where they cannot be merged: one
-    /// holds compressed tars of its own (`--recursive`), or all of them hold over 4
-    /// billion entries. With `save`, the merged index is kept there for the next mount.
+    /// given last wins; the members come back [`Merged::Apart`] where they cannot be
+    /// merged. With `save`, the merged index is kept there for the next mount.
     pub fn union(
         mut members: Vec<TarArchive>,
         recursive: bool,
         save: Option<&Path>,
-    ) -> Result<std::result::Result<TarArchive, Vec<TarArchive>>> {
+    ) -> Result<Merged> {
         if members.is_empty()
             || members
                 .iter()
                 .any(|m| !m.nested.is_empty() || !m.starts.is_empty())
         {
-            return Ok(Err(members));
+            return Ok(Merged::Apart(members));
         }
         let starts = starts_of(members.iter().map(|m| &m.body))?;
         let indexes: Vec<Index> = members
@@ -60,7 +68,7 @@ impl TarArchive {
                 for (m, ix) in members.iter_mut().zip(indexes) {
                     m.index = ix;
                 }
-                return Ok(Err(members));
+                return Ok(Merged::Apart(members));
             }
             Err(e) => return Err(e),
         };
@@ -83,13 +91,13 @@ impl TarArchive {
         let mut bodies: Vec<Body> = Vec::with_capacity(members.len());
         bodies.extend(members.into_iter().map(|m| m.body));
         let body = bodies.remove(0);
-        Ok(Ok(TarArchive {
+        Ok(Merged::One(Box::new(TarArchive {
             body,
             nested: bodies,
             index,
             hashed: RwLock::default(),
             starts,
-        }))
+        })))
     }
 
     /// The union of the tar archives `files` from the merged index saved at `path`, when
@@ -160,7 +168,11 @@ fn member_bodies(
             return None;
         }
         // The member is as it was saved: its compression is known without reading it.
-        let codec = Under::codec(&under)?;
+        let codec = match Under::compression(&under) {
+            SavedCompression::Plain => None,
+            SavedCompression::Compressed(c) => Some(c),
+            SavedCompression::Unreadable => return None,
+        };
         let len = source.len();
         let (points, nested) = Under::decode(&under, codec, len)?;
         if !nested.is_empty() {
@@ -168,7 +180,14 @@ fn member_bodies(
         }
         bodies.push(match (codec, points) {
             (Some(codec), Some(points)) => Body::Decoded(Box::new(
-                Decoded::new(source, codec, points, &how.shared, how.stage_dir.as_deref()).ok()?,
+                Decoded::new(
+                    source,
+                    codec,
+                    points,
+                    &how.stream_cache,
+                    how.stage_dir.as_deref(),
+                )
+                .ok()?,
             )),
             (None, None) => Body::Plain(source),
             _ => return None,

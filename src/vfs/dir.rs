@@ -1,6 +1,6 @@
 //! Open directories: their handles, the listing read once per handle and resumed by
 //! offset, the cache flags each open gets, and the listing-ahead protocol, which decides
-//! which listings carry attributes ([`crate::warm::prelist::Ahead`] says why).
+//! which listings carry attributes ([`crate::warm::prelist::ListerPid`] says why).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};

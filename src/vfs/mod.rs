@@ -16,7 +16,7 @@ use crate::sync::Mutex;
 
 use crate::archive::{Archive, Attr, Data};
 use crate::error::{Error, Result};
-use crate::warm::prelist::Ahead;
+use crate::warm::prelist::ListerPid;
 use crate::warm::preload::Trigger;
 use crate::warm::push::Pusher;
 pub use dir::{DirectoryEntry, DirectoryReplier, Opened, Readdirplus};
@@ -36,7 +36,7 @@ pub struct Vfs {
     /// Which of the job's listings carry attributes.
     plus: Readdirplus,
     /// The listing ahead, when on: its listings carry attributes, the job's need not.
-    ahead: Option<Arc<Ahead>>,
+    ahead: Option<Arc<ListerPid>>,
     /// LOOKUP requests served: each is a round trip a listing with attributes (or the
     /// listing ahead, src/warm/prelist.rs) would have saved.
     lookups: AtomicU64,
@@ -107,7 +107,7 @@ impl Vfs {
 
     /// Which listings carry attributes: `plus` for the job's, unless `ahead` (the
     /// listing ahead) is on, whose listings carry them instead.
-    pub fn with_readdirplus(mut self, plus: Readdirplus, ahead: Option<Arc<Ahead>>) -> Vfs {
+    pub fn with_readdirplus(mut self, plus: Readdirplus, ahead: Option<Arc<ListerPid>>) -> Vfs {
         self.plus = plus;
         self.ahead = ahead;
         self
@@ -119,7 +119,7 @@ impl Vfs {
     }
 
     /// The READDIRPLUS mode to ask the kernel for: the listing ahead needs the adaptive
-    /// one (see [`Ahead`]).
+    /// one (see [`ListerPid`]).
     pub fn kernel_readdirplus(&self) -> Readdirplus {
         match self.ahead {
             Some(_) => Readdirplus::Auto,

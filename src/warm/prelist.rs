@@ -4,7 +4,7 @@
 //! The kernel builds an inode and a dentry for every entry of a READDIRPLUS reply, in the
 //! thread that lists: about 4 µs an entry, 5 s of one core for ImageNet's 1.28 M files,
 //! which made ImageFolder's index 1.8-2.2x slower than on a plain directory. So the two
-//! kinds of listing are told apart ([`Ahead`]): the job's carry no attributes and cost
+//! kinds of listing are told apart ([`ListerPid`]): the job's carry no attributes and cost
 //! what a plain directory's do, the lister's carry them all, on spare CPU (nice 19). A
 //! stat or open by path (a dataset indexed by a file list) then finds its dentry with no
 //! LOOKUP round trip: at 1.28 M files, 42.7 s became 6.0 s
@@ -57,13 +57,13 @@ pub fn fits(entries: u64, available: Option<u64>) -> bool {
 /// every request by a lookup between them, and bypasses the kernel's listing cache that the
 /// job's listing may have filled.
 #[derive(Debug, Default)]
-pub struct Ahead {
+pub struct ListerPid {
     pid: AtomicU32,
 }
 
-impl Ahead {
-    pub fn new() -> Arc<Ahead> {
-        Arc::new(Ahead::default())
+impl ListerPid {
+    pub fn new() -> Arc<ListerPid> {
+        Arc::new(ListerPid::default())
     }
 
     /// The lister is process `pid` now (0: there is none).
@@ -90,7 +90,7 @@ impl Lister {
     /// `quiet`, /dev/null.
     pub fn spawn(
         root: &Path,
-        ahead: &Arc<Ahead>,
+        ahead: &Arc<ListerPid>,
         debug: bool,
         quiet: bool,
     ) -> std::io::Result<Lister> {

@@ -644,7 +644,7 @@ impl RemoteObject {
 
 impl Inner {
     /// The node's copy, once there is one.
-    fn stage(&self) -> Option<&Arc<stage::Stage>> {
+    fn stage(&self) -> Option<&Arc<stage::StagedCopy>> {
         use std::sync::atomic::Ordering;
         let stage = self.stage.as_ref()?.stage()?;
         if !self.staged.load(Ordering::Relaxed) && !self.staged.swap(true, Ordering::Relaxed) {
@@ -660,7 +660,7 @@ impl Inner {
     }
 
     /// The node's copy of its share of the files, once there is one.
-    fn share(&self) -> Option<&Arc<stage::Stage>> {
+    fn share(&self) -> Option<&Arc<stage::StagedCopy>> {
         self.share.as_ref()?.stage()
     }
 
@@ -977,14 +977,14 @@ fn ahead_pieces(at: u64, len: u64, size: u64) -> impl Iterator<Item = (u64, u64)
 }
 
 /// Read-ahead requests, served by a few threads for every remote object of the process.
-struct Ahead {
+struct ReadAheadQueue {
     queue: Mutex<VecDeque<(Arc<Inner>, u64, u64)>>,
     ready: Condvar,
 }
 
-fn ahead() -> &'static Ahead {
-    static AHEAD: PerProcess<Ahead> = PerProcess::new();
-    let (a, made) = AHEAD.get_or_make(|| Ahead {
+fn ahead() -> &'static ReadAheadQueue {
+    static AHEAD: PerProcess<ReadAheadQueue> = PerProcess::new();
+    let (a, made) = AHEAD.get_or_make(|| ReadAheadQueue {
         queue: Mutex::new(VecDeque::new()),
         ready: Condvar::new(),
     });
@@ -1009,7 +1009,7 @@ fn ahead() -> &'static Ahead {
     a
 }
 
-impl Ahead {
+impl ReadAheadQueue {
     /// Queues `[at, at + len)` in pieces, so the threads fetch them side by side: behind
     /// what is queued, or (`first`) ahead of it, the end first.
     fn push(&self, inner: Arc<Inner>, at: u64, len: u64, first: bool) {

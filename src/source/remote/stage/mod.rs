@@ -304,9 +304,9 @@ impl FileCopies {
     }
 }
 
-/// A copy of an object being made, or made.
+/// The node's staged copy of an object, being made or made.
 #[derive(Debug)]
-pub struct Stage {
+pub struct StagedCopy {
     board: Board,
     object: Object,
     /// The fork generation that last put the copy in this process's pool.
@@ -333,7 +333,7 @@ pub struct Wanted {
     id: String,
     share: bool,
     slot: hub::Slot,
-    stage: OnceLock<Option<Arc<Stage>>>,
+    stage: OnceLock<Option<Arc<StagedCopy>>>,
     dir: Option<std::path::PathBuf>,
     progress: bool,
     /// The fork generation the slot was asked for in.
@@ -562,7 +562,7 @@ impl Wanted {
     /// The node's copy to fill in the order the job reads, placed now unless some
     /// process of the job on the node has: from now on no process copies whole pieces
     /// of it ([`order`]).
-    pub fn ordered(&self) -> Option<Arc<Stage>> {
+    pub fn ordered(&self) -> Option<Arc<StagedCopy>> {
         self.create(false);
         let stage = self.unpooled()?;
         stage.board.set_ordered();
@@ -570,21 +570,21 @@ impl Wanted {
     }
 
     /// The copy, once this process has it; its free pieces are copied here too.
-    pub fn stage(&self) -> Option<&Arc<Stage>> {
+    pub fn stage(&self) -> Option<&Arc<StagedCopy>> {
         let stage = self.unpooled()?;
         stage.pool_here();
         Some(stage)
     }
 
     /// The copy, once this process has it, not yet copied by it.
-    fn unpooled(&self) -> Option<&Arc<Stage>> {
+    fn unpooled(&self) -> Option<&Arc<StagedCopy>> {
         self.refresh();
         if let Some(found) = self.stage.get() {
             return found.as_ref();
         }
         let file = self.slot.get()?.try_clone().ok()?;
         self.stage
-            .get_or_init(|| Stage::new(file, self.object.clone(), self.progress, self.share))
+            .get_or_init(|| StagedCopy::new(file, self.object.clone(), self.progress, self.share))
             .as_ref()
     }
 }
@@ -642,9 +642,9 @@ impl Wanted {
     }
 }
 
-impl Stage {
+impl StagedCopy {
     /// The copy in `file`, made by this process or another.
-    fn new(file: File, mut object: Object, progress: bool, share: bool) -> Option<Arc<Stage>> {
+    fn new(file: File, mut object: Object, progress: bool, share: bool) -> Option<Arc<StagedCopy>> {
         if share {
             match spans::Spans::read(&file) {
                 Ok(spans) => {
@@ -673,7 +673,7 @@ impl Stage {
             );
             bar
         });
-        Some(Arc::new(Stage {
+        Some(Arc::new(StagedCopy {
             board,
             object,
             pooled: AtomicU64::new(u64::MAX),
@@ -1042,7 +1042,7 @@ impl Stage {
 /// copies a few pieces at a time, not a few per object. A thread copies only while it
 /// holds one of the board's places for copiers.
 struct Pool {
-    jobs: Mutex<VecDeque<Arc<Stage>>>,
+    jobs: Mutex<VecDeque<Arc<StagedCopy>>>,
     queued: Condvar,
 }
 
@@ -1063,7 +1063,7 @@ fn pool() -> &'static Pool {
 }
 
 impl Pool {
-    fn add(&self, stage: Arc<Stage>) {
+    fn add(&self, stage: Arc<StagedCopy>) {
         let mut jobs = self.jobs.lock();
         if !jobs.iter().any(|s| Arc::ptr_eq(s, &stage)) {
             jobs.push_back(stage);
@@ -1073,7 +1073,7 @@ impl Pool {
     }
 
     fn work(&self) {
-        let me = Stage::me();
+        let me = StagedCopy::me();
         loop {
             let stage = {
                 let mut jobs = self.jobs.lock();

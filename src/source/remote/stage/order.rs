@@ -11,7 +11,7 @@
 //!
 //! Every process of the node reads what the order brought: its grains are marked on the
 //! copy's board, and a read of bytes under way waits for them, one the order has not
-//! reached fetches them ([`Stage::fill_for`]). A new order replaces this process's last
+//! reached fetches them ([`StagedCopy::fill_for`]). A new order replaces this process's last
 //! one (the next epoch's is handed over behind the current one's, so the link is not
 //! idle between epochs).
 
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::board::GRAIN;
-use super::Stage;
+use super::StagedCopy;
 use crate::per_process::PerProcess;
 use crate::sync::{Condvar, Mutex};
 
@@ -71,7 +71,7 @@ pub fn fetched_ahead() -> u64 {
 
 /// A node's copy to fill in order: got from [`crate::source::Storage::fill`].
 #[derive(Clone, Debug)]
-pub struct Fill(pub(in crate::source::remote) Arc<Stage>);
+pub struct Fill(pub(in crate::source::remote) Arc<StagedCopy>);
 
 impl Fill {
     fn same(&self, other: &Fill) -> bool {
@@ -100,14 +100,14 @@ struct Order {
 
 /// What the order took: the copy, where it starts and ends, whether it is a block.
 struct Run {
-    stage: Arc<Stage>,
+    stage: Arc<StagedCopy>,
     from: u64,
     to: u64,
     block: bool,
 }
 
 impl Run {
-    fn new(stage: &Arc<Stage>, from: u64, to: u64, block: bool) -> Run {
+    fn new(stage: &Arc<StagedCopy>, from: u64, to: u64, block: bool) -> Run {
         let stage = stage.clone();
         Run {
             stage,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::board::Piece;
 use super::spans::Spans;
-use super::{pool, Stage, Wanted, PIECE};
+use super::{pool, StagedCopy, Wanted, PIECE};
 use crate::error::{Error, Result};
 use crate::source::remote::RemoteObject;
 use crate::source::{LocalFile, Storage};
@@ -27,7 +27,7 @@ use crate::source::{LocalFile, Storage};
 #[derive(Debug)]
 pub struct NodeCopy {
     _of: Of,
-    stage: Arc<Stage>,
+    stage: Arc<StagedCopy>,
 }
 
 /// What a [`NodeCopy`] is a copy of.
@@ -65,7 +65,7 @@ impl Of {
 }
 
 /// The copy `wanted` in this process, once some process of the node has placed it.
-fn held(wanted: &Wanted, name: &str, wait: Duration) -> Result<Arc<Stage>> {
+fn held(wanted: &Wanted, name: &str, wait: Duration) -> Result<Arc<StagedCopy>> {
     let start = Instant::now();
     loop {
         if let Some(s) = wanted.unpooled() {
@@ -162,7 +162,7 @@ impl NodeCopy {
     /// of `mine` from storage. How many pieces it holds.
     pub fn share(&self, mine: std::ops::Range<u64>) -> u64 {
         let board = &self.stage.board;
-        let me = Stage::me();
+        let me = StagedCopy::me();
         let pieces = board.pieces();
         let mut held = 0;
         for p in (0..mine.start).chain(mine.end..pieces) {
@@ -191,7 +191,7 @@ impl NodeCopy {
     /// Whether piece `p` is this process's to receive into the copy, marked arriving
     /// now; false when the node has it or another process brings it.
     pub fn receive(&self, p: u64) -> bool {
-        let me = Stage::me();
+        let me = StagedCopy::me();
         self.stage
             .board
             .swap(p, Piece::Taken(me), Piece::Arriving(me))
@@ -207,7 +207,7 @@ impl NodeCopy {
     pub fn release(&self, p: u64) -> bool {
         let board = &self.stage.board;
         let piece = board.piece(p);
-        if piece.owner() != Some(Stage::me()) || !board.swap(p, piece, Piece::Free) {
+        if piece.owner() != Some(StagedCopy::me()) || !board.swap(p, piece, Piece::Free) {
             return false;
         }
         board.filled(p).store(0, Ordering::Release);

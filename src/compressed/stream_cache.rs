@@ -25,7 +25,9 @@ const SPARE_BLOCKS: usize = 256;
 /// bench) most reads found theirs evicted and decoded from the entry point again.
 const PARKED_BYTES: u64 = 48 << 10;
 
-pub struct Shared {
+/// The cache and decoders of one mount's compressed streams (each stream's blocks keyed
+/// under a tag of its own).
+pub struct StreamCache {
     cache_bytes: u64,
     pub(super) blocks: BlockCache<Vec<u8>>,
     /// gzip decoders left where a read's decoding ended, by (stream, stretch): the next
@@ -43,19 +45,19 @@ pub struct Shared {
     next_tag: AtomicU32,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for StreamCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("StreamCache")
             .field("cache_bytes", &self.cache_bytes)
             .finish_non_exhaustive()
     }
 }
 
-impl Shared {
-    pub fn new(cache_bytes: u64) -> Arc<Shared> {
+impl StreamCache {
+    pub fn new(cache_bytes: u64) -> Arc<StreamCache> {
         let spare: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let recycle = spare.clone();
-        Arc::new(Shared {
+        Arc::new(StreamCache {
             cache_bytes,
             // 7/8 of the budget; 1/16 for parked decoders, 1/16 for the rest of the
             // server (spare blocks, buffers, the allocator's slack between trims).
@@ -80,7 +82,7 @@ impl Shared {
     /// Where a stream of `len` decoded bytes keeps its blocks: here under a tag of its
     /// own, or in a share of its own where its offsets would reach another's tag (over
     /// 16 TiB decoded, or over a million streams).
-    pub(super) fn place(self: &Arc<Self>, len: u64) -> (Arc<Shared>, u32) {
+    pub(super) fn place(self: &Arc<Self>, len: u64) -> (Arc<StreamCache>, u32) {
         if len < 1 << TAG_SHIFT {
             let tag = self
                 .next_tag
@@ -91,7 +93,7 @@ impl Shared {
                 return (self.clone(), tag);
             }
         }
-        (Shared::new(self.cache_bytes), 0)
+        (StreamCache::new(self.cache_bytes), 0)
     }
 
     /// The cache key of decoded offset `at` in the stream tagged `tag`.

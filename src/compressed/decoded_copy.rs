@@ -6,7 +6,7 @@
 //! once, front to back, and reads wait only until the copy passes their end, so the first
 //! files are served long before it is complete. With entry points (`--preload` of a gzip
 //! or zstd archive), every core decodes stretches between them in parallel, and a read
-//! of a stretch not yet copied is decoded in place meanwhile ([`Stage::try_read`]).
+//! of a stretch not yet copied is decoded in place meanwhile ([`DecodedCopy::try_read`]).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -16,12 +16,13 @@ use std::sync::Arc;
 
 use crate::sync::{Condvar, Mutex};
 
-use super::{fill, Codec, Decoder, Points, BLOCK};
+use super::copy_queue::{self, Job};
+use super::{fill, Compression, Decoder, Points, BLOCK};
 use crate::error::{Error, Result};
-use crate::per_process::PerProcess;
 use crate::source::{scratch, Source};
 
-pub struct Stage {
+/// A compressed archive's decoded copy, being made or made, that reads are served from.
+pub struct DecodedCopy {
     /// Made when the first bytes are written: a union of 1,000 shards opens without
     /// 1,000 memfds (its remount took 0.05 s more).
     file: std::sync::OnceLock<File>,
@@ -34,12 +35,12 @@ pub struct Stage {
     /// [`BUSY`], [`COPIED`], [`FAILED`]).
     copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
     /// A reader waits on this front-to-back copy: it goes before the others queued.
-    urgent: std::sync::atomic::AtomicBool,
+    pub(super) urgent: std::sync::atomic::AtomicBool,
     /// Threads still copying, whether the copy's end was told, its length and start.
-    running: AtomicUsize,
-    done: std::sync::atomic::AtomicBool,
-    len: u64,
-    started: std::time::Instant,
+    pub(super) running: AtomicUsize,
+    pub(super) done: std::sync::atomic::AtomicBool,
+    pub(super) len: u64,
+    pub(super) started: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -49,33 +50,19 @@ struct Progress {
     failed: Option<String>,
 }
 
-impl Stage {
+impl DecodedCopy {
     /// Starts copying front to back; returns at once.
     pub fn start(
         source: Arc<Source>,
-        codec: Codec,
+        codec: Compression,
         points: Arc<Points>,
         dir: Option<&Path>,
-    ) -> Result<Arc<Stage>> {
+    ) -> Result<Arc<DecodedCopy>> {
         // Reserved like a parallel copy's, so the copies of many shards together decide
         // between memory and disk.
         let len = points.len();
-        let pending = copies().pending.fetch_add(len, Ordering::AcqRel) + len;
-        let stage = match Stage::new(len, pending, dir, None) {
-            Ok(s) => Arc::new(s),
-            Err(e) => {
-                copies().pending.fetch_sub(len, Ordering::AcqRel);
-                return Err(e);
-            }
-        };
-        queue(Job {
-            stage: stage.clone(),
-            source,
-            codec,
-            next: AtomicUsize::new(0),
-            whole: Some(points),
-        })?;
-        Ok(stage)
+        let pending = copy_queue::reserve(len);
+        DecodedCopy::queue(source, codec, len, pending, dir, None, Some(points))
     }
 
     /// Queues a copy of the stretches between entry points for the copying threads
@@ -85,44 +72,60 @@ impl Stage {
     /// `memory_only`.
     pub fn start_parallel(
         source: Arc<Source>,
-        codec: Codec,
+        codec: Compression,
         points: Arc<Points>,
         dir: Option<&Path>,
         memory_only: bool,
-    ) -> Result<Option<Arc<Stage>>> {
+    ) -> Result<Option<Arc<DecodedCopy>>> {
         let len = points.len();
-        let pending = copies().pending.fetch_add(len, Ordering::AcqRel) + len;
+        let pending = copy_queue::reserve(len);
         if memory_only && !fits(pending) {
-            copies().pending.fetch_sub(len, Ordering::AcqRel);
+            copy_queue::unreserve(len);
             return Ok(None);
         }
         let copied = (0..points.count()).map(|_| AtomicU8::new(FREE)).collect();
-        let stage = match Stage::new(len, pending, dir, Some((points, copied))) {
-            Ok(s) => Arc::new(s),
+        let copied = Some((points, copied));
+        DecodedCopy::queue(source, codec, len, pending, dir, copied, None).map(Some)
+    }
+
+    /// Makes a copy of `len` bytes (reserved, `pending` in all with the others under way)
+    /// and queues it for the copying threads; the reservation is taken back if the copy
+    /// cannot be made.
+    fn queue(
+        source: Arc<Source>,
+        codec: Compression,
+        len: u64,
+        pending: u64,
+        dir: Option<&Path>,
+        copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
+        whole: Option<Arc<Points>>,
+    ) -> Result<Arc<DecodedCopy>> {
+        let copy = match DecodedCopy::new(len, pending, dir, copied) {
+            Ok(c) => Arc::new(c),
             Err(e) => {
-                copies().pending.fetch_sub(len, Ordering::AcqRel);
+                copy_queue::unreserve(len);
                 return Err(e);
             }
         };
-        queue(Job {
-            stage: stage.clone(),
+        copy_queue::queue(Job {
+            copy: copy.clone(),
             source,
             codec,
             next: AtomicUsize::new(0),
-            whole: None,
+            whole,
         })?;
-        Ok(Some(stage))
+        Ok(copy)
     }
 
     /// `room`: the memory the copies under way, this one's included, are to take: in a
     /// memfd if that fits.
-    fn new(
+    pub(super) fn new(
         len: u64,
         room: u64,
         dir: Option<&Path>,
         copied: Option<(Arc<Points>, Box<[AtomicU8]>)>,
-    ) -> Result<Stage> {
-        Ok(Stage {
+    ) -> Result<DecodedCopy> {
+        Ok(DecodedCopy {
             file: std::sync::OnceLock::new(),
             room,
             dir: dir.map(Path::to_owned),
@@ -139,7 +142,12 @@ impl Stage {
 
     /// Decodes front to back, a block at a time, each checked against its CRC from the
     /// indexing pass; a failure is kept for the readers that wait.
-    fn copy(&self, source: &Arc<Source>, codec: Codec, points: &Points) -> Result<()> {
+    pub(super) fn copy(
+        &self,
+        source: &Arc<Source>,
+        codec: Compression,
+        points: &Points,
+    ) -> Result<()> {
         let result = self.copy_front_to_back(source, codec, points);
         if let Err(e) = &result {
             self.progress.lock().failed = Some(e.to_string());
@@ -151,7 +159,7 @@ impl Stage {
     fn copy_front_to_back(
         &self,
         source: &Arc<Source>,
-        codec: Codec,
+        codec: Compression,
         points: &Points,
     ) -> Result<()> {
         let mut dec = codec.stream(source)?;
@@ -180,14 +188,19 @@ impl Stage {
     /// Copies the stretches between entry points taken from `next` in turn, skipping
     /// those a reader took first, until none is left or a reader waits on a
     /// front-to-back copy still queued (that one goes first).
-    fn copy_stretches(&self, source: &Arc<Source>, codec: Codec, next: &AtomicUsize) -> Result<()> {
+    pub(super) fn copy_stretches(
+        &self,
+        source: &Arc<Source>,
+        codec: Compression,
+        next: &AtomicUsize,
+    ) -> Result<()> {
         let Some((points, _)) = &self.copied else {
             return Ok(());
         };
         let mut block = vec![0u8; BLOCK as usize];
         let mut dec: Option<Box<dyn Decoder>> = None;
         loop {
-            if urgent_queued() {
+            if copy_queue::urgent_queued() {
                 return Ok(());
             }
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -272,7 +285,7 @@ impl Stage {
     }
 
     /// Stretches between entry points of a parallel copy.
-    fn stretches(&self) -> usize {
+    pub(super) fn stretches(&self) -> usize {
         self.copied.as_ref().map_or(0, |(points, _)| points.count())
     }
 
@@ -335,9 +348,7 @@ impl Stage {
             }
             // Its slot goes before those of copies nobody waits on (and past the hold).
             if !self.urgent.swap(true, Ordering::AcqRel) {
-                let c = copies();
-                let _jobs = c.jobs.lock();
-                c.queued.notify_all();
+                copy_queue::wake();
             }
             p = self.moved.wait(p);
         }
@@ -346,137 +357,6 @@ impl Stage {
             .read_exact_at(out, pos)
             .map_err(|e| Error::io("read of the decoded copy", e))
     }
-}
-
-/// A copy queued for the copying threads, a thread a core for every archive of the
-/// process: a union of 1,000 shards decodes one or two at a time, not all at once from
-/// mount, each with its decoder's window (MiBs) and a thread of its own.
-struct Job {
-    stage: Arc<Stage>,
-    source: Arc<Source>,
-    codec: Codec,
-    /// The next stretch to take (a parallel copy).
-    next: AtomicUsize,
-    /// A front-to-back copy: one thread makes it, those a reader waits on first.
-    whole: Option<Arc<Points>>,
-}
-
-/// Queues `job` and starts the copying threads not yet started.
-fn queue(job: Job) -> Result<()> {
-    let c = copies();
-    c.jobs.lock().push_back(Arc::new(job));
-    c.queued.notify_all();
-    while c.workers.load(Ordering::Acquire) < super::threads() {
-        let n = c.workers.fetch_add(1, Ordering::AcqRel);
-        std::thread::Builder::new()
-            .name(format!("archfs-stage-{n}"))
-            .spawn(copy_jobs)
-            .map_err(|e| Error::io("cannot start a decoding thread", e))?;
-    }
-    Ok(())
-}
-
-/// The copies of this process and the threads that make them.
-struct Copies {
-    jobs: Mutex<std::collections::VecDeque<Arc<Job>>>,
-    queued: Condvar,
-    /// Copying threads started.
-    workers: AtomicUsize,
-    /// Bytes of parallel copies not yet complete (memory they are still to take).
-    pending: std::sync::atomic::AtomicU64,
-    /// Set while a mount opens its archives: copies nobody waits on wait for the mount
-    /// to be live, rather than decode on the cores the opening needs (a union of 1,000
-    /// single-frame .tar.zst shards queues 1,000 copies as it opens).
-    held: std::sync::atomic::AtomicBool,
-}
-
-fn copies() -> &'static Copies {
-    static COPIES: PerProcess<Copies> = PerProcess::new();
-    COPIES.get(|| Copies {
-        jobs: Mutex::new(std::collections::VecDeque::new()),
-        queued: Condvar::new(),
-        workers: AtomicUsize::new(0),
-        pending: std::sync::atomic::AtomicU64::new(0),
-        held: std::sync::atomic::AtomicBool::new(false),
-    })
-}
-
-/// Holds back copies nobody waits on until [`release_copies`].
-pub fn hold_copies() {
-    copies().held.store(true, Ordering::Release);
-}
-
-/// Lets the copies held back by [`hold_copies`] go.
-pub fn release_copies() {
-    let c = copies();
-    c.held.store(false, Ordering::Release);
-    let _jobs = c.jobs.lock();
-    c.queued.notify_all();
-}
-
-/// A copying thread: takes a front-to-back copy a reader waits on, else the oldest
-/// queued copy; works on a parallel one with the others until none of its stretches is
-/// left to take.
-fn copy_jobs() {
-    loop {
-        let job = {
-            let mut jobs = copies().jobs.lock();
-            loop {
-                match pick(&jobs) {
-                    Some(i) if jobs[i].whole.is_some() => break jobs.remove(i).expect("queued"),
-                    Some(i) => break jobs[i].clone(),
-                    None => jobs = copies().queued.wait(jobs),
-                }
-            }
-        };
-        let s = &job.stage;
-        s.running.fetch_add(1, Ordering::AcqRel);
-        let copied = match &job.whole {
-            Some(points) => s.copy(&job.source, job.codec, points),
-            None => s.copy_stretches(&job.source, job.codec, &job.next),
-        };
-        if let Err(e) = copied {
-            tracing::error!("decoding {}: {e}", job.source.path().display());
-            // Its other stretches are left to the readers.
-            job.next.store(usize::MAX / 2, Ordering::Release);
-        }
-        // Told after leaving, so that the last thread out sees what all of them took.
-        let last = s.running.fetch_sub(1, Ordering::AcqRel) == 1;
-        let taken = job.whole.is_some() || job.next.load(Ordering::Acquire) >= s.stretches();
-        if job.whole.is_none() && taken {
-            let mut jobs = copies().jobs.lock();
-            if let Some(i) = jobs.iter().position(|j| Arc::ptr_eq(j, &job)) {
-                jobs.remove(i);
-            }
-        }
-        if last && taken && !s.done.swap(true, Ordering::AcqRel) {
-            copies().pending.fetch_sub(s.len, Ordering::AcqRel);
-            tracing::info!(
-                "decoded copy of {} complete: {} MiB in {:.1} s",
-                job.source.path().display(),
-                s.len >> 20,
-                s.started.elapsed().as_secs_f64()
-            );
-        }
-    }
-}
-
-/// Whether a reader waits on a front-to-back copy no thread has taken yet.
-fn urgent_queued() -> bool {
-    copies()
-        .jobs
-        .lock()
-        .iter()
-        .any(|j| j.whole.is_some() && j.stage.urgent.load(Ordering::Acquire))
-}
-
-/// The job a copying thread takes: a copy a reader waits on, else the oldest.
-fn pick(jobs: &std::collections::VecDeque<Arc<Job>>) -> Option<usize> {
-    let urgent = jobs
-        .iter()
-        .position(|j| j.stage.urgent.load(Ordering::Acquire));
-    let held = copies().held.load(Ordering::Acquire);
-    urgent.or((!jobs.is_empty() && !held).then_some(0))
 }
 
 /// States of a stretch in a parallel copy.
@@ -501,37 +381,4 @@ fn temp_file(dir: &Path) -> Result<File> {
             e,
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn stage() -> Arc<Stage> {
-        Arc::new(Stage::new(1, 1, None, None).unwrap())
-    }
-
-    fn job(whole: bool) -> Arc<Job> {
-        let exe = std::env::current_exe().unwrap();
-        Arc::new(Job {
-            stage: stage(),
-            source: Arc::new(Source::open(&exe).unwrap()),
-            codec: Codec::Zstd,
-            next: AtomicUsize::new(0),
-            whole: whole.then(Default::default),
-        })
-    }
-
-    /// A copy a reader waits on goes before those queued earlier, whatever its kind;
-    /// else the oldest.
-    #[test]
-    fn a_copy_a_reader_waits_on_goes_first() {
-        let mut jobs: std::collections::VecDeque<_> =
-            [job(false), job(true), job(true)].into_iter().collect();
-        assert_eq!(pick(&jobs), Some(0));
-        jobs[2].stage.urgent.store(true, Ordering::Release);
-        assert_eq!(pick(&jobs), Some(2));
-        jobs.clear();
-        assert_eq!(pick(&jobs), None);
-    }
 }

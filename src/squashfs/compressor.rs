@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// A SquashFS compressor id (superblock field `compression_id`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
+pub enum Compressor {
     Gzip,
     Lzo,
     Xz,
@@ -16,20 +16,20 @@ pub enum Codec {
     Zstd,
 }
 
-impl Codec {
+impl Compressor {
     /// Maps the on-disk id; ids archfs cannot decode are an error naming the compressor.
-    pub fn from_id(id: u16) -> Result<Codec> {
+    pub fn from_id(id: u16) -> Result<Compressor> {
         match id {
-            1 => Ok(Codec::Gzip),
+            1 => Ok(Compressor::Gzip),
             2 => Err(Error::Unsupported(
                 "the image uses the legacy lzma compressor, which archfs does not read; \
                  repack it with `mksquashfs ... -comp xz` (or zstd)"
                     .into(),
             )),
-            3 => Ok(Codec::Lzo),
-            4 => Ok(Codec::Xz),
-            5 => Ok(Codec::Lz4),
-            6 => Ok(Codec::Zstd),
+            3 => Ok(Compressor::Lzo),
+            4 => Ok(Compressor::Xz),
+            5 => Ok(Compressor::Lz4),
+            6 => Ok(Compressor::Zstd),
             other => Err(Error::Unsupported(format!(
                 "the image uses unknown compressor id {other}; archfs reads gzip, lzo, xz, lz4 and zstd"
             ))),
@@ -38,27 +38,27 @@ impl Codec {
 
     pub fn name(self) -> &'static str {
         match self {
-            Codec::Gzip => "gzip",
-            Codec::Lzo => "lzo",
-            Codec::Xz => "xz",
-            Codec::Lz4 => "lz4",
-            Codec::Zstd => "zstd",
+            Compressor::Gzip => "gzip",
+            Compressor::Lzo => "lzo",
+            Compressor::Xz => "xz",
+            Compressor::Lz4 => "lz4",
+            Compressor::Zstd => "zstd",
         }
     }
 
     /// Decompresses `src`, which must expand to at most `limit` bytes.
     pub fn decompress(self, src: &[u8], limit: usize) -> Result<Vec<u8>> {
         let out = match self {
-            Codec::Gzip => gzip(src, limit)?,
-            Codec::Zstd => zstd(src, limit)?,
-            Codec::Lz4 => {
+            Compressor::Gzip => gzip(src, limit)?,
+            Compressor::Zstd => zstd(src, limit)?,
+            Compressor::Lz4 => {
                 let mut out = vec![0u8; limit];
                 let n = lz4_flex::block::decompress_into(src, &mut out)
                     .map_err(|e| bad(self, e.to_string()))?;
                 out.truncate(n);
                 out
             }
-            Codec::Xz => {
+            Compressor::Xz => {
                 let mut out = Vec::with_capacity(limit);
                 liblzma::read::XzDecoder::new(src)
                     .take(limit as u64 + 1)
@@ -66,7 +66,9 @@ impl Codec {
                     .map_err(|e| bad(self, e.to_string()))?;
                 out
             }
-            Codec::Lzo => super::lzo::decompress(src, limit).map_err(|e| bad(self, e.into()))?,
+            Compressor::Lzo => {
+                super::lzo::decompress(src, limit).map_err(|e| bad(self, e.into()))?
+            }
         };
         if out.len() > limit {
             return Err(bad(self, format!("expands past {limit} bytes")));
@@ -75,7 +77,7 @@ impl Codec {
     }
 }
 
-fn bad(codec: Codec, what: String) -> Error {
+fn bad(codec: Compressor, what: String) -> Error {
     Error::corrupt(format!(
         "{} block does not decompress: {what}",
         codec.name()
@@ -94,9 +96,9 @@ fn gzip(src: &[u8], limit: usize) -> Result<Vec<u8>> {
             .zlib_decompress(src, &mut out)
             .map_err(|e| match e {
                 libdeflater::DecompressionError::InsufficientSpace => {
-                    bad(Codec::Gzip, format!("expands past {limit} bytes"))
+                    bad(Compressor::Gzip, format!("expands past {limit} bytes"))
                 }
-                other => bad(Codec::Gzip, other.to_string()),
+                other => bad(Compressor::Gzip, other.to_string()),
             })?;
         out.truncate(n);
         Ok(out)
@@ -110,12 +112,14 @@ fn zstd(src: &[u8], limit: usize) -> Result<Vec<u8>> {
     DCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            *slot =
-                Some(zstd::bulk::Decompressor::new().map_err(|e| bad(Codec::Zstd, e.to_string()))?);
+            *slot = Some(
+                zstd::bulk::Decompressor::new()
+                    .map_err(|e| bad(Compressor::Zstd, e.to_string()))?,
+            );
         }
         let d = slot.as_mut().expect("just set");
         d.decompress(src, limit)
-            .map_err(|e| bad(Codec::Zstd, e.to_string()))
+            .map_err(|e| bad(Compressor::Zstd, e.to_string()))
     })
 }
 
@@ -149,11 +153,11 @@ mod tests {
         };
         let lzo = lzokay_native::compress(&data).unwrap();
         for (codec, blob) in [
-            (Codec::Gzip, gz),
-            (Codec::Zstd, zs),
-            (Codec::Lz4, l4),
-            (Codec::Xz, xz),
-            (Codec::Lzo, lzo),
+            (Compressor::Gzip, gz),
+            (Compressor::Zstd, zs),
+            (Compressor::Lz4, l4),
+            (Compressor::Xz, xz),
+            (Compressor::Lzo, lzo),
         ] {
             assert_eq!(
                 codec.decompress(&blob, data.len()).unwrap(),
@@ -172,8 +176,8 @@ mod tests {
 
     #[test]
     fn unknown_ids_name_the_problem() {
-        let e = Codec::from_id(2).unwrap_err().to_string();
+        let e = Compressor::from_id(2).unwrap_err().to_string();
         assert!(e.contains("lzma"), "{e}");
-        assert!(Codec::from_id(99).is_err());
+        assert!(Compressor::from_id(99).is_err());
     }
 }

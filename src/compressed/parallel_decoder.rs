@@ -1,4 +1,4 @@
-//! Independent pieces of an archive (zstd frames) decoded on several threads at once and
+//! Independent pieces of an archive (zstd frames, bzip2 blocks) decoded on several threads at once and
 //! handed on in order, so one pass over a multi-frame archive (the first index, a
 //! decoded copy) runs at the speed of all cores rather than one.
 //!
@@ -15,56 +15,6 @@ use crate::sync::{Condvar, Mutex};
 
 use super::{Decoder, Point};
 use crate::error::{Error, Result};
-use crate::source::Source;
-
-/// Archive bytes read in large windows, for finding pieces from headers spread through
-/// the archive: a small `pread` of a cold file waits for the disk each time (a pzstd
-/// archive's 8,500 block headers took longer than decoding it).
-pub struct Window {
-    src: Arc<Source>,
-    buf: Vec<u8>,
-    base: u64,
-}
-
-/// Bytes read at a time.
-const WINDOW: usize = 4 << 20;
-
-impl Window {
-    /// Reads through a descriptor of its own (see [`Source::reopen`]): sharing one with
-    /// the workers made a cold pzstd index take 0.6-1.9 s against 0.7 s for `zstd -dc`.
-    pub fn new(src: &Arc<Source>) -> Window {
-        Window {
-            src: src.reopen().map(Arc::new).unwrap_or_else(|_| src.clone()),
-            buf: Vec::new(),
-            base: 0,
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        self.src.len()
-    }
-
-    /// The archive, through the window's own descriptor.
-    pub fn src(&self) -> &Source {
-        &self.src
-    }
-
-    /// The `len` bytes at `at`; `None` if the archive ends first.
-    pub fn get(&mut self, at: u64, len: usize) -> Result<Option<&[u8]>> {
-        let end = at + len as u64;
-        if end > self.src.len() {
-            return Ok(None);
-        }
-        if at < self.base || end > self.base + self.buf.len() as u64 {
-            let n = WINDOW.max(len).min((self.src.len() - at) as usize);
-            self.buf.resize(n, 0);
-            self.src.read_exact_at(at, &mut self.buf)?;
-            self.base = at;
-        }
-        let from = (at - self.base) as usize;
-        Ok(Some(&self.buf[from..from + len]))
-    }
-}
 
 /// A piece of the archive that decodes on its own: `[input, end)` of the archive.
 #[derive(Clone, Copy, Debug)]
@@ -116,7 +66,9 @@ struct State {
     stop: bool,
 }
 
-struct Shared {
+/// What the workers and the reader share: the chunks decoded and waiting, and the pieces
+/// still to take.
+struct Handoff {
     state: Mutex<State>,
     moved: Condvar,
     split: Mutex<Box<dyn Split>>,
@@ -124,8 +76,10 @@ struct Shared {
     budget: usize,
 }
 
-pub struct Ahead {
-    shared: Arc<Shared>,
+/// The reader's side: a [`Decoder`] that hands on the workers' output in archive order,
+/// with an entry point at the start of each piece.
+pub struct ParallelDecoder {
+    handoff: Arc<Handoff>,
     workers: Vec<std::thread::JoinHandle<()>>,
     chunk: Vec<u8>,
     used: usize,
@@ -138,15 +92,15 @@ pub struct Ahead {
     input: u64,
 }
 
-impl Ahead {
+impl ParallelDecoder {
     /// Starts `threads` workers that keep at most about `budget` decoded bytes ahead.
     pub fn new(
         split: Box<dyn Split>,
         decode: Arc<DecodeFn>,
         threads: usize,
         budget: usize,
-    ) -> Result<Ahead> {
-        let shared = Arc::new(Shared {
+    ) -> Result<ParallelDecoder> {
+        let handoff = Arc::new(Handoff {
             state: Mutex::new(State {
                 next: 0,
                 head: 0,
@@ -162,8 +116,8 @@ impl Ahead {
             decode,
             budget,
         });
-        let mut ahead = Ahead {
-            shared,
+        let mut ahead = ParallelDecoder {
+            handoff,
             workers: Vec::new(),
             chunk: Vec::new(),
             used: 0,
@@ -174,7 +128,7 @@ impl Ahead {
             input: 0,
         };
         for i in 0..threads.max(1) {
-            let s = ahead.shared.clone();
+            let s = ahead.handoff.clone();
             let worker = std::thread::Builder::new()
                 .name(format!("archfs-decode-{i}"))
                 .spawn(move || s.work())
@@ -186,7 +140,7 @@ impl Ahead {
     }
 }
 
-impl Shared {
+impl Handoff {
     fn work(&self) {
         while let Some((seq, piece)) = self.take() {
             let mut index = 0u32;
@@ -260,7 +214,7 @@ impl Shared {
     }
 }
 
-impl Decoder for Ahead {
+impl Decoder for ParallelDecoder {
     fn read(&mut self, out: &mut [u8]) -> Result<usize> {
         let mut done = 0;
         while done < out.len() && !self.ended {
@@ -273,7 +227,7 @@ impl Decoder for Ahead {
                 self.between = false;
                 continue;
             }
-            let mut st = self.shared.state.lock();
+            let mut st = self.handoff.state.lock();
             let key = (st.head, self.index);
             let chunk = loop {
                 if let Some(c) = st.ready.remove(&key) {
@@ -283,7 +237,7 @@ impl Decoder for Ahead {
                     self.ended = true;
                     return Ok(done);
                 }
-                st = self.shared.moved.wait(st);
+                st = self.handoff.moved.wait(st);
             };
             match chunk {
                 Chunk::Data(d) => {
@@ -305,13 +259,13 @@ impl Decoder for Ahead {
                     self.index = 0;
                     self.between = true;
                     self.input = st.starts.get(&st.head).map_or(self.input, |s| s.0);
-                    self.shared.moved.notify_all();
+                    self.handoff.moved.notify_all();
                     // A piece ended: an entry point, for the caller to record.
                     return Ok(done);
                 }
                 Chunk::Failed(e) => return Err(e),
             }
-            self.shared.moved.notify_all();
+            self.handoff.moved.notify_all();
         }
         Ok(done)
     }
@@ -321,7 +275,7 @@ impl Decoder for Ahead {
             return None;
         }
         // The next piece may not be handed out yet: its start is known once it is.
-        let mut st = self.shared.state.lock();
+        let mut st = self.handoff.state.lock();
         let (input, bits) = loop {
             if let Some(&start) = st.starts.get(&st.head) {
                 break start;
@@ -329,7 +283,7 @@ impl Decoder for Ahead {
             if st.exhausted {
                 return None;
             }
-            st = self.shared.moved.wait(st);
+            st = self.handoff.moved.wait(st);
         };
         Some((
             Point {
@@ -350,10 +304,10 @@ impl Decoder for Ahead {
     }
 }
 
-impl Drop for Ahead {
+impl Drop for ParallelDecoder {
     fn drop(&mut self) {
-        self.shared.state.lock().stop = true;
-        self.shared.moved.notify_all();
+        self.handoff.state.lock().stop = true;
+        self.handoff.moved.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -403,7 +357,7 @@ mod tests {
         )
     }
 
-    fn read_all(a: &mut Ahead, points: &mut Vec<Point>) -> Result<Vec<u8>> {
+    fn read_all(a: &mut ParallelDecoder, points: &mut Vec<Point>) -> Result<Vec<u8>> {
         let mut got = Vec::new();
         let mut buf = [0u8; 77];
         while !a.ended() {
@@ -419,7 +373,7 @@ mod tests {
     #[test]
     fn pieces_come_in_order_with_their_entry_points_under_a_small_budget() {
         for (threads, budget) in [(1, 1 << 20), (3, 1), (4, 500)] {
-            let mut a = Ahead::new(
+            let mut a = ParallelDecoder::new(
                 Box::new(Counted { n: 0, of: 60 }),
                 decoder(0),
                 threads,
@@ -442,7 +396,8 @@ mod tests {
 
     #[test]
     fn a_failed_piece_is_reported_after_the_pieces_before_it() {
-        let mut a = Ahead::new(Box::new(Counted { n: 0, of: 60 }), decoder(30), 3, 1000).unwrap();
+        let mut a =
+            ParallelDecoder::new(Box::new(Counted { n: 0, of: 60 }), decoder(30), 3, 1000).unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 100];
         let err = loop {
@@ -459,7 +414,8 @@ mod tests {
 
     #[test]
     fn dropping_the_reader_early_stops_the_workers() {
-        let mut a = Ahead::new(Box::new(Counted { n: 0, of: 10_000 }), decoder(0), 4, 64).unwrap();
+        let mut a = ParallelDecoder::new(Box::new(Counted { n: 0, of: 10_000 }), decoder(0), 4, 64)
+            .unwrap();
         let mut buf = [0u8; 10];
         a.read(&mut buf).unwrap();
         drop(a); // joins the workers: a hang here fails the test by its timeout
