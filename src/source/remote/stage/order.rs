@@ -73,16 +73,31 @@ pub fn fetched_ahead() -> u64 {
 #[derive(Clone, Debug)]
 pub struct Fill(pub(in crate::source::remote) Arc<StagedCopy>);
 
-impl Fill {
+/// What an order asks of a copy it fills: which it is, its size, and whether bytes are
+/// in it already. The plan ([`Order`]) sees nothing else, so it is tested without a store.
+trait Target: Clone {
+    fn same(&self, other: &Self) -> bool;
+    fn size(&self) -> u64;
+    fn has(&self, at: u64, len: u64) -> bool;
+}
+
+impl Target for Fill {
     fn same(&self, other: &Fill) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    fn size(&self) -> u64 {
+        self.0.object.size
+    }
+
+    fn has(&self, at: u64, len: u64) -> bool {
+        self.0.has(at, len)
     }
 }
 
 /// This process's order: the copies, and the spans to fetch into them, in order.
-#[derive(Default)]
-struct Order {
-    fills: Vec<Fill>,
+struct Order<F = Fill> {
+    fills: Vec<F>,
     /// Whether each copy is fetched in [`BLOCK`]s as well.
     blocks: Vec<bool>,
     /// (copy, where, bytes); bytes 0 once fetched with a neighbour.
@@ -98,24 +113,28 @@ struct Order {
     blocks_out: usize,
 }
 
+impl<F> Default for Order<F> {
+    fn default() -> Self {
+        Order {
+            fills: Vec::new(),
+            blocks: Vec::new(),
+            spans: Vec::new(),
+            next: 0,
+            first_blocks: 0,
+            next_block: 0,
+            files_out: 0,
+            blocks_out: 0,
+        }
+    }
+}
+
 /// What the order took: the copy, where it starts and ends, whether it is a block.
-struct Run {
-    stage: Arc<StagedCopy>,
+#[derive(Debug)]
+struct Run<F = Fill> {
+    fill: F,
     from: u64,
     to: u64,
     block: bool,
-}
-
-impl Run {
-    fn new(stage: &Arc<StagedCopy>, from: u64, to: u64, block: bool) -> Run {
-        let stage = stage.clone();
-        Run {
-            stage,
-            from,
-            to,
-            block,
-        }
-    }
 }
 
 struct Queue {
@@ -142,47 +161,7 @@ fn queue() -> &'static Queue {
 /// Fetches `spans` (each a copy of [`Fill`]s, where and how many bytes) into the node's
 /// copies in this order, in the background, in place of this process's last order.
 pub fn fetch_ahead(spans: Vec<(Fill, u64, u64)>) {
-    let mut order = Order::default();
-    for (fill, at, len) in spans {
-        let i = match order.fills.iter().position(|f| f.same(&fill)) {
-            Some(i) => i,
-            None => {
-                order.fills.push(fill);
-                order.fills.len() - 1
-            }
-        };
-        if len > 0 {
-            order.spans.push((i as u32, at, len));
-        }
-    }
-    // What the order holds of each copy, each byte once (it may hold two epochs).
-    let mut held = vec![0u64; order.fills.len()];
-    let mut sorted = order.spans.clone();
-    sorted.sort_unstable();
-    let mut end = (u32::MAX, 0);
-    for (f, at, len) in sorted {
-        let from = if end.0 == f { at.max(end.1) } else { at };
-        held[f as usize] += (at + len).saturating_sub(from);
-        if end.0 != f || at + len > end.1 {
-            end = (f, at + len);
-        }
-    }
-    order.blocks = (order.fills.iter().zip(held))
-        .map(|(f, n)| n as f64 >= MOSTLY * f.0.object.size as f64)
-        .collect();
-    order.next_block = order.spans.len();
-    if order.blocks.contains(&true) {
-        let total: u64 = order.spans.iter().map(|s| s.2).sum();
-        let firsts = FILES_FIRST.min(total / 8);
-        let mut bytes = 0;
-        order.next_block = (order.spans.iter())
-            .position(|&(_, _, len)| {
-                bytes += len;
-                bytes > firsts
-            })
-            .unwrap_or(order.spans.len());
-    }
-    order.first_blocks = order.next_block;
+    let mut order = Order::new(spans);
     let q = queue();
     let mut current = q.order.lock();
     (order.files_out, order.blocks_out) = (current.files_out, current.blocks_out);
@@ -203,8 +182,9 @@ impl Queue {
                 }
             };
             let (first, end) = (run.from / GRAIN, run.to.div_ceil(GRAIN));
-            if let Some(taken) = run.stage.board.take_grains(first, end) {
-                run.stage.fill(&taken);
+            let copy = &run.fill.0;
+            if let Some(taken) = copy.board.take_grains(first, end) {
+                copy.fill(&taken);
             }
             let mut order = self.order.lock();
             if run.block {
@@ -218,10 +198,57 @@ impl Queue {
     }
 }
 
-impl Order {
+impl<F: Target> Order<F> {
+    /// The plan for `spans` in this order: which copies are fetched in blocks, and where
+    /// the blocks start.
+    fn new(spans: Vec<(F, u64, u64)>) -> Order<F> {
+        let mut order: Order<F> = Order::default();
+        for (fill, at, len) in spans {
+            let i = match order.fills.iter().position(|f| f.same(&fill)) {
+                Some(i) => i,
+                None => {
+                    order.fills.push(fill);
+                    order.fills.len() - 1
+                }
+            };
+            if len > 0 {
+                order.spans.push((i as u32, at, len));
+            }
+        }
+        // What the order holds of each copy, each byte once (it may hold two epochs).
+        let mut held = vec![0u64; order.fills.len()];
+        let mut sorted = order.spans.clone();
+        sorted.sort_unstable();
+        let mut end = (u32::MAX, 0);
+        for (f, at, len) in sorted {
+            let from = if end.0 == f { at.max(end.1) } else { at };
+            held[f as usize] += (at + len).saturating_sub(from);
+            if end.0 != f || at + len > end.1 {
+                end = (f, at + len);
+            }
+        }
+        order.blocks = (order.fills.iter().zip(held))
+            .map(|(f, n)| n as f64 >= MOSTLY * f.size() as f64)
+            .collect();
+        order.next_block = order.spans.len();
+        if order.blocks.contains(&true) {
+            let total: u64 = order.spans.iter().map(|s| s.2).sum();
+            let firsts = FILES_FIRST.min(total / 8);
+            let mut bytes = 0;
+            order.next_block = (order.spans.iter())
+                .position(|&(_, _, len)| {
+                    bytes += len;
+                    bytes > firsts
+                })
+                .unwrap_or(order.spans.len());
+        }
+        order.first_blocks = order.next_block;
+        order
+    }
+
     /// The next GET to make: the first spans file by file, then blocks (at most
     /// [`BLOCKS_IN_FLIGHT`]), and files of copies not fetched in blocks.
-    fn take(&mut self) -> Option<Run> {
+    fn take(&mut self) -> Option<Run<F>> {
         if self.next >= self.first_blocks && self.blocks_out < BLOCKS_IN_FLIGHT {
             if let Some(run) = self.take_block() {
                 self.blocks_out += 1;
@@ -237,30 +264,36 @@ impl Order {
     }
 
     /// The block around the next span of a copy fetched in blocks that is not in it yet.
-    fn take_block(&mut self) -> Option<Run> {
+    fn take_block(&mut self) -> Option<Run<F>> {
         while self.next_block < self.spans.len() {
             let (f, at, len) = self.spans[self.next_block];
             self.next_block += 1;
-            let stage = &self.fills[f as usize].0;
-            if len == 0 || !self.blocks[f as usize] || stage.has(at, len) {
+            let fill = &self.fills[f as usize];
+            if len == 0 || !self.blocks[f as usize] || fill.has(at, len) {
                 continue;
             }
             let from = at - at % BLOCK;
-            let to = ((at + len).div_ceil(BLOCK).saturating_mul(BLOCK)).min(stage.object.size);
-            return Some(Run::new(stage, from, to, true));
+            let to = ((at + len).div_ceil(BLOCK).saturating_mul(BLOCK)).min(fill.size());
+            let fill = fill.clone();
+            return Some(Run {
+                fill,
+                from,
+                to,
+                block: true,
+            });
         }
         None
     }
 
     /// The next span not yet in its copy and not past the first spans of a copy fetched
     /// in blocks, with its neighbours among the next [`LOOK`] spans of the same copy.
-    fn take_file(&mut self) -> Option<Run> {
+    fn take_file(&mut self) -> Option<Run<F>> {
         while self.next < self.spans.len() {
             let (f, at, len) = self.spans[self.next];
             self.next += 1;
-            let stage = &self.fills[f as usize].0;
+            let fill = &self.fills[f as usize];
             let blocked = self.blocks[f as usize] && self.next > self.first_blocks;
-            if len == 0 || blocked || stage.has(at, len) {
+            if len == 0 || blocked || fill.has(at, len) {
                 continue;
             }
             let (mut from, mut to) = (at, at + len);
@@ -280,10 +313,226 @@ impl Order {
             }
             if self.blocks[f as usize] && to - from < FIRST_GET {
                 from -= from % FIRST_GET;
-                to = to.max(from + FIRST_GET).min(stage.object.size);
+                to = to.max(from + FIRST_GET).min(fill.size());
             }
-            return Some(Run::new(stage, from, to, false));
+            let fill = fill.clone();
+            return Some(Run {
+                fill,
+                from,
+                to,
+                block: false,
+            });
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    const FILE: u64 = 110 << 10;
+    const HEADER: u64 = 512;
+
+    /// A copy as the plan sees it: its size and the grains in it. A run is marked in as
+    /// it is taken or when the test says it landed.
+    #[derive(Clone)]
+    struct Grains(Rc<(u64, RefCell<Vec<bool>>)>);
+
+    impl std::fmt::Debug for Grains {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a copy of {} bytes", self.0 .0)
+        }
+    }
+
+    impl Grains {
+        fn new(size: u64) -> Grains {
+            Grains(Rc::new((
+                size,
+                RefCell::new(vec![false; size.div_ceil(GRAIN) as usize]),
+            )))
+        }
+
+        fn land(&self, from: u64, to: u64) {
+            let mut grains = self.0 .1.borrow_mut();
+            for g in from / GRAIN..to.div_ceil(GRAIN) {
+                grains[g as usize] = true;
+            }
+        }
+    }
+
+    impl Target for Grains {
+        fn same(&self, other: &Grains) -> bool {
+            Rc::ptr_eq(&self.0, &other.0)
+        }
+
+        fn size(&self) -> u64 {
+            self.0 .0
+        }
+
+        fn has(&self, at: u64, len: u64) -> bool {
+            let grains = self.0 .1.borrow();
+            (at / GRAIN..(at + len).div_ceil(GRAIN)).all(|g| grains[g as usize])
+        }
+    }
+
+    /// `n` files of [`FILE`] bytes, each after a tar header: (copy, where each starts).
+    fn archive(n: u64) -> (Grains, Vec<u64>) {
+        let at = (0..n).map(|i| i * (HEADER + FILE) + HEADER).collect();
+        (Grains::new(n * (HEADER + FILE)), at)
+    }
+
+    /// A shuffle of `0..n` (an LCG's, as a sampler's would be).
+    fn shuffled(n: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = (0..n).collect();
+        let mut x = 12345u64;
+        for i in (1..v.len()).rev() {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            v.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        v
+    }
+
+    /// Takes every run the plan makes, each landing before the next is taken.
+    fn drain(order: &mut Order<Grains>) -> Vec<Run<Grains>> {
+        let mut runs = Vec::new();
+        while let Some(run) = order.take() {
+            run.fill.land(run.from, run.to);
+            if run.block {
+                order.blocks_out -= 1;
+            } else {
+                order.files_out -= 1;
+            }
+            runs.push(run);
+        }
+        runs
+    }
+
+    #[test]
+    fn an_epoch_comes_file_by_file_first_then_in_blocks_in_the_order_s_order() {
+        let (copy, at) = archive(1000);
+        let order_of = shuffled(1000);
+        let spans = order_of
+            .iter()
+            .map(|&i| (copy.clone(), at[i as usize], FILE));
+        let mut order = Order::new(spans.collect());
+        assert_eq!(order.blocks, vec![true]);
+        // The first eighth of the order's bytes (under FILES_FIRST here) file by file.
+        let firsts = (1000 * FILE / 8).div_ceil(FILE) as usize;
+        assert_eq!(order.first_blocks, firsts);
+        let runs = drain(&mut order);
+
+        let files = runs.iter().take_while(|r| !r.block).count();
+        assert!(files > 0 && files <= firsts, "{files} GETs of files");
+        assert!(
+            runs[files..].iter().all(|r| r.block),
+            "files after the blocks began"
+        );
+        for r in &runs[..files] {
+            // Each with the bytes around it up to FIRST_GET (from a boundary of it), or
+            // with neighbours as many.
+            assert!(r.to - r.from >= FIRST_GET || r.to == copy.size(), "{r:?}");
+            assert!(
+                r.from % FIRST_GET == 0 || r.to - r.from > FIRST_GET,
+                "{r:?}"
+            );
+        }
+        // Blocks on their boundaries, in the order their files first come, none again
+        // once its files are in (a file across two blocks brings both).
+        let mut expect = Vec::new();
+        let probe = Grains::new(copy.size());
+        for r in &runs[..files] {
+            probe.land(r.from, r.to);
+        }
+        for &i in &order_of[firsts..] {
+            let (a, b) = (at[i as usize], at[i as usize] + FILE);
+            if !probe.has(a, FILE) {
+                expect.push(a - a % BLOCK);
+                probe.land(a - a % BLOCK, (b.div_ceil(BLOCK) * BLOCK).min(copy.size()));
+            }
+        }
+        let blocks: Vec<u64> = runs[files..].iter().map(|r| r.from).collect();
+        assert_eq!(blocks, expect);
+        assert!(runs[files..].iter().all(|r| r.to - r.from <= 2 * BLOCK));
+        assert!(blocks.len() as u64 <= copy.size().div_ceil(BLOCK));
+        // And every file of the order is in the copy.
+        assert!(at.iter().all(|&a| copy.has(a, FILE)));
+    }
+
+    #[test]
+    fn at_most_so_many_gets_of_files_and_of_blocks_are_under_way() {
+        let (copy, at) = archive(2000);
+        let spans = shuffled(2000)
+            .into_iter()
+            .map(|i| (copy.clone(), at[i as usize], FILE));
+        let mut order = Order::new(spans.collect());
+        let mut taken = Vec::new();
+        while let Some(run) = order.take() {
+            taken.push(run);
+        }
+        assert_eq!(taken.len(), IN_FLIGHT);
+        assert!(taken.iter().all(|r| !r.block));
+        // The first files in: the rest of them, then blocks, at most so many at once.
+        for r in taken.drain(..) {
+            r.fill.land(r.from, r.to);
+            order.files_out -= 1;
+        }
+        while order.next < order.first_blocks {
+            let run = order.take().expect("a file of the first ones");
+            assert!(!run.block);
+            run.fill.land(run.from, run.to);
+            order.files_out -= 1;
+        }
+        while let Some(run) = order.take() {
+            taken.push(run);
+        }
+        assert_eq!(taken.len(), BLOCKS_IN_FLIGHT);
+        assert!(taken.iter().all(|r| r.block));
+        // One lands: one more is taken.
+        order.blocks_out -= 1;
+        assert!(order.take().is_some_and(|r| r.block));
+        assert!(order.take().is_none());
+    }
+
+    #[test]
+    fn a_share_of_the_copy_comes_file_by_file_with_its_neighbours_in_one_get() {
+        let (copy, at) = archive(1000);
+        // A node's share: a fifth of the files. Among them 10 and 11 next to each other,
+        // 300..350 in a row (5.5 MB: two GETs), 20 in the copy already.
+        copy.land(at[20], at[20] + FILE);
+        let mut share: Vec<u64> = vec![10, 500, 11, 20, 13];
+        share.extend(300..350);
+        share.extend((600..1000).step_by(3));
+        let spans = share.iter().map(|&i| (copy.clone(), at[i as usize], FILE));
+        let mut order = Order::new(spans.collect());
+        assert_eq!(order.blocks, vec![false]);
+        let runs = drain(&mut order);
+        assert!(runs.iter().all(|r| !r.block));
+        let covers = |r: &Run<Grains>, i: usize| r.from <= at[i] && at[i] + FILE <= r.to;
+        // 10 and 11 (a header apart) in one GET; 500 and 13 in GETs of their own; 20 in none.
+        assert!(
+            covers(&runs[0], 10)
+                && covers(&runs[0], 11)
+                && runs[0].to - runs[0].from < 2 * FILE + GAP
+        );
+        assert!(covers(&runs[1], 500) && runs[1].to - runs[1].from == FILE);
+        assert!(covers(&runs[2], 13) && runs[2].to - runs[2].from == FILE);
+        assert!(!runs.iter().any(|r| covers(r, 20)));
+        // The row in GETs of at most MOST bytes, each of whole files.
+        let row: Vec<_> = runs
+            .iter()
+            .filter(|r| (300..350).any(|i| covers(r, i)))
+            .collect();
+        assert_eq!(row.len(), (50 * (FILE + HEADER)).div_ceil(MOST) as usize);
+        assert!(row.iter().all(|r| r.to - r.from <= MOST));
+        // Every file of the share in the copy, and nothing else but the gaps between them.
+        assert!(share.iter().all(|&i| copy.has(at[i as usize], FILE)));
+        assert!(!copy.has(at[12], FILE) && !copy.has(at[601], FILE));
+        assert!(runs.len() < share.len());
     }
 }
