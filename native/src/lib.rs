@@ -614,7 +614,7 @@ fn open_error(e: Error, path: &[u8]) -> PyErr {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Warnings (a copy that does not fit, a hub that does not answer) on stderr, as
     // the command line gives them; more with ARCHFS_LOG.
-    archfs::job::init_logging(false, false);
+    archfs::logging::init(false, false);
     m.add_class::<Archive>()?;
     m.add_class::<stage::NodeCopy>()?;
     m.add_function(wrap_pyfunction!(stage::fetched, m)?)?;
