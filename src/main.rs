@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    archfs::cli::main()
+    archfs::commands::main()
 }

@@ -157,7 +157,7 @@ fn two_hundred_mount_cycles_leak_nothing() {
         recursive: false,
         index: None,
         preload: job::Preload::Never,
-        prelist: false,
+        prelist: job::Prelist::Never,
         readdirplus: archfs::vfs::Readdirplus::Always,
         entry_spacing: archfs::tar::DEFAULT_SPACING,
         stage_dir: None,

@@ -622,17 +622,26 @@ fn open_error(e: Error, path: &[u8]) -> PyErr {
     }
 }
 
+/// Bytes from a size as the command line takes it (`512M`, `2G`, `64KiB`: K, M, G, T are
+/// powers of 1024), so the Python package reads `cache_size` and `keep` as the command
+/// line reads `--cache-size` and `--keep`.
+#[pyfunction]
+fn parse_size(size: &str) -> PyResult<u64> {
+    archfs::size::parse_size(size).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Warnings (a copy that does not fit, a hub that does not answer) on stderr, as
     // the command line gives them; more with ARCHFS_LOG.
-    archfs::job::init_logging(false, false);
+    archfs::logging::init(false, false);
     m.add_class::<Archive>()?;
     m.add_class::<Stat>()?;
     m.add_class::<stage::Topology>()?;
     m.add_class::<stage::NodeCopy>()?;
     m.add_function(wrap_pyfunction!(stage::fetched, m)?)?;
     m.add_function(wrap_pyfunction!(stage::topology, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -101,5 +101,9 @@ class Topology:
 def topology() -> Optional[Topology]:
     """The job's shape, ``None`` outside a job."""
 
+def parse_size(size: str) -> int:
+    """``512M``-style sizes (K, M, G, T: powers of 1024), as the command line reads them;
+    ``ValueError`` saying what is wrong."""
+
 def fetched() -> Tuple[int, int]:
     """(requests, bytes) this process took from shared storage so far."""

@@ -319,17 +319,15 @@ class DirEntry:
         return f"<archfs.DirEntry {self.name!r}>"
 
 
-def parse_size(size: Union[int, str, None]) -> Optional[int]:
-    """``512M``-style sizes (K, M, G, T: powers of 1024), as the command line takes."""
+def parse_size(size: Union[int, str, None], what: str = "cache_size") -> Optional[int]:
+    """``512M``-style sizes (K, M, G, T: powers of 1024), read as the command line reads
+    them (one parser, in the extension). ``what`` names the argument in the error."""
     if size is None or isinstance(size, int):
         return size
-    text = str(size).strip().upper().rstrip("B").rstrip("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
-    digits = text[:-1] if scale > 1 else text
     try:
-        return int(float(digits) * scale)
-    except ValueError:
-        raise ValueError(f"cache_size {size!r} is not a size like 512M or 2G") from None
+        return _native.parse_size(str(size))
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
 
 
 def _unpickle(paths, recursive, cache_size, no_sign_request, preload="auto") -> Archive:

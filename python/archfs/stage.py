@@ -95,7 +95,7 @@ def stage(
     leader = hosts.index(hosts[net.rank]) == net.rank
     leaders = net.split(leader, node)
     options: Dict[str, Any] = dict(
-        no_sign_request=no_sign_request, stage_dir=stage_dir, keep=parse_size(keep)
+        no_sign_request=no_sign_request, stage_dir=stage_dir, keep=parse_size(keep, "keep")
     )
     copy, error = None, None
     try:

@@ -74,19 +74,29 @@ pub struct Settings {
     pub retry_for: std::time::Duration,
     pub preload: Preload,
     pub readdirplus: Readdirplus,
-    /// List the whole tree through the mount once it is live ([`crate::warm::prelist`]), when
-    /// listings carry attributes and the kernel's inodes fit in memory.
-    pub prelist: bool,
+    pub prelist: Prelist,
     pub debug: bool,
 }
 
-/// When `--preload` streams the archives into the page cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// When `--preload` streams the archives into the page cache. The variants' comments stay
+/// out of `--help` (`help = None`): the option's own text says what each value does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Preload {
     /// Once reads show an epoch (see [`preload::Trigger`]).
+    #[value(help = None::<&str>)]
     Auto,
     /// As soon as the mount is live.
+    #[value(help = None::<&str>)]
     Always,
+    Never,
+}
+
+/// Whether `--prelist` lists the tree through the mount once it is live
+/// ([`crate::warm::prelist`]): `Auto` does when listings carry attributes and the kernel's
+/// inodes fit in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Prelist {
+    Auto,
     Never,
 }
 
@@ -193,7 +203,7 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, JobError> {
     crate::memory::bound_free_heap();
     let handled: Vec<i32> = ENDING.iter().chain(&IGNORED).copied().collect();
     block_signals(&handled);
-    init_logging(s.debug, log.is_some());
+    crate::logging::init(s.debug, log.is_some());
     let mut ready = Ready::new(ready_fd);
     // With --log everything goes there; without, a background server shows startup
     // warnings and progress on the terminal, then goes quiet once the mount is ready.
@@ -271,7 +281,7 @@ pub fn serve(s: &Settings, server: &Server) -> Result<ExitCode, JobError> {
 /// was not found and 126 if it could not be run.
 pub fn run(s: &Settings, command: &[OsString]) -> Result<ExitCode, JobError> {
     block_signals(&FORWARDED);
-    init_logging(s.debug, false);
+    crate::logging::init(s.debug, false);
     let (tx, rx) = channel();
     watch_signals(&FORWARDED, tx.clone());
     let (mut mount, plan) = open_and_mount(s, tx.clone(), false)?;
@@ -596,20 +606,6 @@ impl Ready {
             let _ = f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes());
         }
     }
-}
-
-/// `to_file`: stderr is about to go to a --log file, so no colour codes. Also what the
-/// in-process reader logs with (warnings, or what `ARCHFS_LOG` asks for).
-pub fn init_logging(debug: bool, to_file: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ARCHFS_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if debug { "debug" } else { "warn" })
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(!to_file && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
 }
 
 /// Points stderr (and so the log) at `path`, or at /dev/null.

@@ -10,7 +10,7 @@ use fuser::{Config, Session, SessionACL};
 
 use super::mountpoint::{self, Prepared};
 use super::watchdog::Watchdog;
-use super::{attach, Event, JobError, Settings};
+use super::{attach, Event, JobError, Prelist, Settings};
 use crate::archive::Archive;
 use crate::fuse::ArchFs;
 use crate::vfs::{Readdirplus, Vfs};
@@ -96,7 +96,7 @@ impl Mount {
             SessionACL::Owner
         };
         let (inodes, available) = (archive.stats().inodes, crate::memory::available());
-        let wanted = s.prelist && s.readdirplus == Readdirplus::Always;
+        let wanted = s.prelist == Prelist::Auto && s.readdirplus == Readdirplus::Always;
         let list_ahead = wanted && prelist::fits(inodes, available);
         if wanted && !list_ahead {
             tracing::info!(

@@ -15,13 +15,17 @@ const BIG_LISTING: usize = 16_384;
 
 /// Whether directory listings carry every entry's attributes (READDIRPLUS), so that a
 /// walk that stats each file, or a first epoch that opens each one, needs no LOOKUP
-/// request per file afterwards.
+/// request per file afterwards. `--readdirplus` takes it (the variants' comments stay out
+/// of `--help`: the option's own text says what each value does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "mount", derive(clap::ValueEnum))]
 pub enum Readdirplus {
     /// Every listing.
+    #[cfg_attr(feature = "mount", value(help = None::<&str>))]
     Always,
     /// The kernel's adaptive mode: the first part of a listing, and parts after a lookup
     /// in that directory.
+    #[cfg_attr(feature = "mount", value(help = None::<&str>))]
     Auto,
     Never,
 }
