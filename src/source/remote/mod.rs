@@ -344,12 +344,11 @@ fn target(
 /// `s3://` names (index sidecars and empty "folder" markers left out); `None` when
 /// `name` is no such prefix.
 pub fn list_prefix(name: &Path, options: &RemoteOptions) -> Option<Result<Vec<PathBuf>>> {
-    let location = match Location::parse(name)? {
-        Ok(l @ Location::S3Prefix { .. }) => l,
-        _ => return None,
+    let Ok(location) = Location::parse(name)? else {
+        return None;
     };
     let Location::S3Prefix { bucket, prefix } = &location else {
-        unreachable!()
+        return None;
     };
     let listed = target(&location, options)
         .map_err(Error::from)
