@@ -20,27 +20,13 @@ use archfs::open::{open_many, OpenOptions};
 use archfs::source::{RemoteOptions, Staging};
 use archfs::warm::preload::{Plan, Trigger};
 use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyString};
 
-/// What `stat` says of an entry: the fields python/archfs/reader.py makes an
-/// `os.stat_result` of. `mode` holds the `S_IFMT` bits and the permissions.
-#[pyclass(frozen, get_all, module = "archfs._native")]
-struct Stat {
-    mode: u32,
-    ino: u64,
-    nlink: u32,
-    uid: u32,
-    gid: u32,
-    size: u64,
-    mtime: i64,
-    mtime_nsec: u32,
-    rdev: u32,
-    blocks: u64,
-}
-
-/// A directory entry: name, `S_IFMT` bits, stat fields when asked for.
-type Entry<'py> = (Bound<'py, PyString>, u32, Option<Stat>);
+/// A directory entry: name, `S_IFMT` bits, its `os.stat_result` when asked for.
+type Entry<'py> = (Bound<'py, PyString>, u32, Option<Bound<'py, PyAny>>);
 
 /// An open archive (or union of archives). Its threads and locks belong to the process
 /// that opened it: in a child made by `fork` it is never used (the Python side opens
@@ -132,13 +118,13 @@ impl Archive {
         self.inner.format()
     }
 
-    /// Stat fields of `path`, its last link followed when `follow`.
-    fn stat(&self, py: Python<'_>, path: Name, follow: bool) -> PyResult<Stat> {
+    /// The `os.stat_result` of `path`, its last link followed when `follow`.
+    fn stat<'py>(&self, py: Python<'py>, path: Name, follow: bool) -> PyResult<Bound<'py, PyAny>> {
         let (a, dirs) = (self.archive(), &self.dirs);
         let attr = py
             .detach(|| dirs.walk(a, &path.0, follow))
             .map_err(|e| to_py(e, &path.0))?;
-        Ok(stat(&attr))
+        stat_result(py, &attr)
     }
 
     /// The entries of directory `path` as (name, kind, stat fields or None): `kind` is
@@ -155,7 +141,7 @@ impl Archive {
                 let stats = if attrs {
                     entries
                         .iter()
-                        .map(|e| a.attr(e.ino).map(|x| Some(stat(&x))))
+                        .map(|e| a.attr(e.ino).map(Some))
                         .collect::<Result<Vec<_>, _>>()?
                 } else {
                     entries.iter().map(|_| None).collect()
@@ -164,11 +150,12 @@ impl Archive {
             })
             .map_err(|e| to_py(e, &path.0))?;
         let (entries, stats) = found;
-        Ok(entries
-            .iter()
-            .zip(stats)
-            .map(|(e, s)| (name(py, &e.name), kind_bits(e.kind), s))
-            .collect())
+        (entries.iter().zip(stats))
+            .map(|(e, s)| {
+                let st = s.map(|s| stat_result(py, &s)).transpose()?;
+                Ok((name(py, &e.name), kind_bits(e.kind), st))
+            })
+            .collect()
     }
 
     /// Bytes `offset..offset+size` of file `path` (to its end when `size` is None),
@@ -558,19 +545,43 @@ unsafe fn bytes_buffer<'a>(bytes: &Bound<'_, PyBytes>, len: usize) -> &'a mut [u
     std::slice::from_raw_parts_mut(ptr, len)
 }
 
-fn stat(a: &Attr) -> Stat {
-    Stat {
-        mode: kind_bits(a.kind) | u32::from(a.perm),
-        ino: a.ino,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        size: a.size,
-        mtime: a.mtime,
-        mtime_nsec: a.mtime_nsec,
-        rdev: a.rdev,
-        blocks: a.blocks,
+/// The `os.stat_result` of an entry, made here, with the fields `os.stat` fills (made in
+/// Python from a record of fields, a stat took 1.65 us against 1.45 from a tuple).
+fn stat_result<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyAny>> {
+    static STAT_RESULT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let ty = STAT_RESULT.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py.import("os")?.getattr("stat_result")?.unbind())
+    })?;
+    let mode = kind_bits(a.kind) | u32::from(a.perm);
+    let fields = (
+        mode, a.ino, 0u32, a.nlink, a.uid, a.gid, a.size, a.mtime, a.mtime, a.mtime,
+    );
+    let t = PyFloat::new(py, a.mtime as f64 + f64::from(a.mtime_nsec) / 1e9);
+    let ns = i128::from(a.mtime) * 1_000_000_000 + i128::from(a.mtime_nsec);
+    let more = PyDict::new(py);
+    for k in [
+        intern!(py, "st_atime"),
+        intern!(py, "st_mtime"),
+        intern!(py, "st_ctime"),
+    ] {
+        more.set_item(k, &t)?;
     }
+    // One Python int for the three (an i128 converts slowly under the stable ABI).
+    let ns = match i64::try_from(ns) {
+        Ok(ns) => ns.into_pyobject(py)?.into_any(),
+        Err(_) => ns.into_pyobject(py)?.into_any(),
+    };
+    for k in [
+        intern!(py, "st_atime_ns"),
+        intern!(py, "st_mtime_ns"),
+        intern!(py, "st_ctime_ns"),
+    ] {
+        more.set_item(k, &ns)?;
+    }
+    more.set_item(intern!(py, "st_blksize"), 4096)?;
+    more.set_item(intern!(py, "st_blocks"), a.blocks)?;
+    more.set_item(intern!(py, "st_rdev"), a.rdev)?;
+    ty.bind(py).call1((fields, more))
 }
 
 fn kind_bits(k: Kind) -> u32 {
@@ -636,7 +647,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // the command line gives them; more with ARCHFS_LOG.
     archfs::logging::init(false, false);
     m.add_class::<Archive>()?;
-    m.add_class::<Stat>()?;
     m.add_class::<stage::Topology>()?;
     m.add_class::<stage::NodeCopy>()?;
     m.add_function(wrap_pyfunction!(stage::fetched, m)?)?;

@@ -15,20 +15,6 @@ _Status = Literal["copied", "failed", "pending"]
 
 __version__: str
 
-class Stat:
-    """What ``stat`` says of an entry; ``mode`` holds the ``S_IFMT`` bits."""
-
-    mode: int
-    ino: int
-    nlink: int
-    uid: int
-    gid: int
-    size: int
-    mtime: int
-    mtime_nsec: int
-    rdev: int
-    blocks: int
-
 class Archive:
     """An open archive or union of archives, for the process that opened it."""
 
@@ -41,9 +27,11 @@ class Archive:
         preload: Literal["auto", "always", "never"] = "auto",
     ) -> None: ...
     def format(self) -> str: ...
-    def stat(self, path: _Name, follow: bool) -> Stat: ...
-    def listdir(self, path: _Name, attrs: bool) -> List[Tuple[str, int, Optional[Stat]]]:
-        """(name, ``S_IFMT`` bits, stat fields when ``attrs``) in archive order."""
+    def stat(self, path: _Name, follow: bool) -> os.stat_result: ...
+    def listdir(
+        self, path: _Name, attrs: bool
+    ) -> List[Tuple[str, int, Optional[os.stat_result]]]:
+        """(name, ``S_IFMT`` bits, its ``os.stat_result`` when ``attrs``) in archive order."""
     def read(self, path: _Name, offset: int = 0, size: Optional[int] = None) -> bytes: ...
     def read_many(self, paths: Sequence[_Name], threads: int = 1) -> List[bytes]: ...
     def inodes(self, paths: Sequence[_Name]) -> List[int]:

@@ -115,7 +115,7 @@ class Archive:
 
     def stat(self, path: PathLike = "", *, follow_symlinks: bool = True) -> os.stat_result:
         """``os.stat`` of a path in the archive (``os.lstat`` without following)."""
-        return _stat_result(self._handle().stat(path, follow_symlinks))
+        return self._handle().stat(path, follow_symlinks)
 
     def lstat(self, path: PathLike = "") -> os.stat_result:
         return self.stat(path, follow_symlinks=False)
@@ -129,13 +129,13 @@ class Archive:
 
     def isdir(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISDIR(self._handle().stat(path, True).mode)
+            return _stat.S_ISDIR(self._handle().stat(path, True).st_mode)
         except OSError:
             return False
 
     def isfile(self, path: PathLike) -> bool:
         try:
-            return _stat.S_ISREG(self._handle().stat(path, True).mode)
+            return _stat.S_ISREG(self._handle().stat(path, True).st_mode)
         except OSError:
             return False
 
@@ -279,17 +279,17 @@ class DirEntry:
 
     __slots__ = ("_archive", "name", "path", "_kind", "_lstat", "_stat")
 
-    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: "_native.Stat") -> None:
+    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: os.stat_result) -> None:
         self._archive, self.name, self.path = archive, name, _join(parent, name)
         self._kind, self._lstat, self._stat = kind, st, None
 
     def inode(self) -> int:
-        return self._lstat.ino
+        return self._lstat.st_ino
 
     def is_symlink(self) -> bool:
         return self._kind == _stat.S_IFLNK
 
-    def _followed(self) -> Optional["_native.Stat"]:
+    def _followed(self) -> Optional[os.stat_result]:
         if self._kind != _stat.S_IFLNK:
             return self._lstat
         if self._stat is None:
@@ -301,16 +301,16 @@ class DirEntry:
 
     def is_dir(self, *, follow_symlinks: bool = True) -> bool:
         st = self._followed() if follow_symlinks else self._lstat
-        return st is not None and _stat.S_ISDIR(st.mode)
+        return st is not None and _stat.S_ISDIR(st.st_mode)
 
     def is_file(self, *, follow_symlinks: bool = True) -> bool:
         st = self._followed() if follow_symlinks else self._lstat
-        return st is not None and _stat.S_ISREG(st.mode)
+        return st is not None and _stat.S_ISREG(st.st_mode)
 
     def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
         if follow_symlinks and self._kind == _stat.S_IFLNK:
             return self._archive.stat(self.path)
-        return _stat_result(self._lstat)
+        return self._lstat
 
     def __fspath__(self) -> str:
         return self.path
@@ -354,23 +354,3 @@ os.register_at_fork(after_in_child=_forked)
 
 def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
-
-
-def _stat_result(st: "_native.Stat") -> os.stat_result:
-    mtime = st.mtime
-    t = mtime + st.mtime_nsec / 1e9
-    ns = mtime * 1_000_000_000 + st.mtime_nsec
-    return os.stat_result(
-        (st.mode, st.ino, 0, st.nlink, st.uid, st.gid, st.size, mtime, mtime, mtime),
-        {
-            "st_atime": t,
-            "st_mtime": t,
-            "st_ctime": t,
-            "st_atime_ns": ns,
-            "st_mtime_ns": ns,
-            "st_ctime_ns": ns,
-            "st_blksize": 4096,
-            "st_blocks": st.blocks,
-            "st_rdev": st.rdev,
-        },
-    )
