@@ -137,6 +137,18 @@ struct Run<F = Fill> {
     block: bool,
 }
 
+impl<F: Clone> Run<F> {
+    fn new(fill: &F, from: u64, to: u64, block: bool) -> Run<F> {
+        let fill = fill.clone();
+        Run {
+            fill,
+            from,
+            to,
+            block,
+        }
+    }
+}
+
 struct Queue {
     order: Mutex<Order>,
     more: Condvar,
@@ -274,13 +286,7 @@ impl<F: Target> Order<F> {
             }
             let from = at - at % BLOCK;
             let to = ((at + len).div_ceil(BLOCK).saturating_mul(BLOCK)).min(fill.size());
-            let fill = fill.clone();
-            return Some(Run {
-                fill,
-                from,
-                to,
-                block: true,
-            });
+            return Some(Run::new(fill, from, to, true));
         }
         None
     }
@@ -315,13 +321,7 @@ impl<F: Target> Order<F> {
                 from -= from % FIRST_GET;
                 to = to.max(from + FIRST_GET).min(fill.size());
             }
-            let fill = fill.clone();
-            return Some(Run {
-                fill,
-                from,
-                to,
-                block: false,
-            });
+            return Some(Run::new(fill, from, to, false));
         }
         None
     }
