@@ -279,7 +279,9 @@ class DirEntry:
 
     __slots__ = ("_archive", "name", "path", "_kind", "_lstat", "_stat")
 
-    def __init__(self, archive: Archive, parent: str, name: str, kind: int, st: os.stat_result) -> None:
+    def __init__(
+        self, archive: Archive, parent: str, name: str, kind: int, st: os.stat_result
+    ) -> None:
         self._archive, self.name, self.path = archive, name, _join(parent, name)
         self._kind, self._lstat, self._stat = kind, st, None
 
