@@ -254,6 +254,15 @@ impl Archive {
         py.detach(|| archfs::archive::fetch_ahead(a, &inos))
     }
 
+    /// The positions in `inos` (from `inodes`) of the files read now without waiting for
+    /// the node's copy being filled in order to bring them; when none is, waits up to
+    /// `wait` seconds for bytes to land ([`archfs::archive::landed`]).
+    fn landed(&self, py: Python<'_>, inos: Vec<u64>, wait: f64) -> Vec<usize> {
+        let a = self.archive();
+        let wait = std::time::Duration::from_secs_f64(wait.max(0.0));
+        py.detach(|| archfs::archive::landed(a, &inos, wait))
+    }
+
     /// The inode number and size of the file at `path` (links followed), for a file
     /// object's reads by [`Archive::pread`].
     fn open(&self, py: Python<'_>, path: Name) -> PyResult<(u64, u64)> {

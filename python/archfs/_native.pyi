@@ -36,6 +36,9 @@ class Archive:
     def read_many(self, paths: Sequence[_Name], threads: int = 1) -> List[bytes]: ...
     def inodes(self, paths: Sequence[_Name]) -> List[int]:
         """Inode numbers of the files (0 for a path missing or not a file)."""
+    def landed(self, inos: Sequence[int], wait: float) -> List[int]:
+        """Positions of the files read without waiting for the node's copy to bring
+        them; when none is, waits up to ``wait`` seconds for bytes to land."""
     def fetch_ahead(self, inos: Sequence[int]) -> int:
         """Fetches those files into the node's copy, in this order; how many it will."""
     def open(self, path: _Name) -> Tuple[int, int]:

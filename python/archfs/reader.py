@@ -17,7 +17,7 @@ workers under ``fork``, ``forkserver`` and ``spawn`` each read with their own.
 import io
 import os
 import stat as _stat
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 
@@ -197,6 +197,30 @@ class Archive:
         them read at once: from object storage, bytes not yet on the node are then
         fetched that many at a time."""
         return self._handle().read_many(list(paths), threads)
+
+    def read_as_landed(
+        self, paths: Sequence[PathLike], wait: float = 1.0
+    ) -> Iterator[Tuple[int, bytes]]:
+        """Each of the files ``paths`` whole, as ``(position in paths, bytes)``: first
+        those a read finds where it reads them, then the others as the node's copy being
+        filled in order (``fetch_ahead``) brings them, so the caller works on each while
+        the rest come. Once nothing landed for ``wait`` seconds, or where the order will
+        not have the whole copy soon, the files not there are read one by one as
+        ``read`` reads them (fetched if they must be). For a local archive: in order."""
+        paths = list(paths)
+        native = self._handle()
+        inos = native.inodes(paths)
+        left = list(range(len(paths)))
+        while left:
+            ready = native.landed([inos[k] for k in left], wait)
+            if not ready:
+                wait = 0.0  # waited once in vain: the rest as they are read
+            take = [left[j] for j in ready] or left[:1]
+            yield from zip(take, native.read_many([paths[k] for k in take], 1))
+            if len(take) == len(left):
+                return
+            taken = set(take)
+            left = [k for k in left if k not in taken]
 
     def fetch_ahead(self, paths: Sequence[PathLike]) -> int:
         """Fetches the files ``paths``, in this order, from object storage into the

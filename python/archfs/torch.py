@@ -141,18 +141,20 @@ class DatasetFolder(_DatasetFolder):
         return self._sample(self.archive.read(path), target)
 
     def __getitems__(self, indices: List[int]) -> List[Tuple[Any, Any]]:
-        """A batch, as the DataLoader asks for it: its files read in one call (one
-        release of the GIL; the end of a FetchAhead epoch, read from the node's copy,
-        came 0.14 s after its last byte where it came 0.3-0.4 s one file a call). One
-        at a time: 8 at once from object storage fetched the files the order had not
-        reached yet, a GET each, and the epoch took 12.5 s where it took 10.2. A subclass
-        with a ``__getitem__`` of its own is asked one sample at a time, as it
-        expects."""
+        """A batch, as the DataLoader asks for it: each file decoded as it lands in the
+        node's copy that FetchAhead's order fills (``Archive.read_as_landed``), so the
+        workers decode while the copy comes, where they waited for its last block (a
+        batch of a full shuffle has files in nearly every block), and fetch no file of
+        their own beside it. The files at hand are read in one call (one release of the
+        GIL). A subclass with a ``__getitem__`` of its own is asked one sample at a
+        time, as it expects."""
         if type(self).__getitem__ is not DatasetFolder.__getitem__:
             return [self[i] for i in indices]
         picked = [self.samples[i] for i in indices]
-        data = self.archive.read_many([p for p, _ in picked])
-        return [self._sample(d, t) for d, (_, t) in zip(data, picked)]
+        out: List[Any] = [None] * len(picked)
+        for k, data in self.archive.read_as_landed([p for p, _ in picked]):
+            out[k] = self._sample(data, picked[k][1])
+        return out
 
     def _sample(self, data: bytes, target: Any) -> Tuple[Any, Any]:
         sample = self.loader(io.BytesIO(data))

@@ -12,6 +12,7 @@ use std::ops::{Deref, Range};
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub use union::Union;
 
@@ -143,6 +144,46 @@ pub fn fetch_ahead(archive: &dyn Archive, inos: &[u64]) -> usize {
     }
     crate::source::fetch_ahead(spans);
     files
+}
+
+/// The positions in `inos` of the files a read finds whole where it reads them: all
+/// but those in a node's copy being filled in order ([`fetch_ahead`]) whose bytes have
+/// not landed yet. When there are none, waits up to `wait` for bytes to land, if that
+/// copy will be whole soon ([`crate::source::Storage::wait_landing`]). A
+/// DataLoader worker decodes its batch's files as the order brings them, rather than
+/// waiting for the last (under a full shuffle a batch has files in nearly every block of
+/// the object) or fetching them one GET each beside the order's blocks.
+pub fn landed(archive: &dyn Archive, inos: &[u64], wait: Duration) -> Vec<usize> {
+    let since = Instant::now();
+    loop {
+        let mut first = None;
+        let mut ready = Vec::new();
+        for (i, &ino) in inos.iter().enumerate() {
+            let Some((source, ranges)) = archive.stored_in(ino) else {
+                ready.push(i);
+                continue;
+            };
+            // The count before the look: what lands after it wakes the wait below.
+            let seen = source.landings();
+            if ranges
+                .iter()
+                .all(|r| source.landed(r.start, r.end - r.start))
+            {
+                ready.push(i);
+            } else if first.is_none() {
+                first = seen.map(|n| (source, n));
+            }
+        }
+        let left = wait.saturating_sub(since.elapsed());
+        match first {
+            // Short steps: a union's other objects land on boards of their own.
+            Some((source, seen))
+                if ready.is_empty()
+                    && !left.is_zero()
+                    && source.wait_landing(seen, left.min(Duration::from_millis(50))) => {}
+            _ => return ready,
+        }
+    }
 }
 
 /// A read-only archive: inode numbers are stable for the life of the object, and

@@ -76,6 +76,22 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn held(&self, _at: u64, _len: u64) -> bool {
         true
     }
+    /// Whether `[at, at + len)` is read now without a GET: false only for bytes of a
+    /// node's copy being filled in order ([`fetch_ahead`]) that have not landed in it.
+    fn landed(&self, _at: u64, _len: u64) -> bool {
+        true
+    }
+    /// How many times bytes landed in the copy being filled in order, to wait on with
+    /// [`wait_landing`](Self::wait_landing); `None` where none is.
+    fn landings(&self) -> Option<u32> {
+        None
+    }
+    /// Waits until the count of landings is no longer `seen`, or `timeout` passed;
+    /// false, at once, where nothing is worth waiting for (no copy being filled in
+    /// order, or one that will not be whole soon).
+    fn wait_landing(&self, _seen: u32, _timeout: std::time::Duration) -> bool {
+        false
+    }
     /// Whether the node holds only a share of its files ([`Storage::held`] may say no).
     fn partial(&self) -> bool {
         false
@@ -248,6 +264,21 @@ impl Source {
     /// [`Storage::held`].
     pub fn held(&self, at: u64, len: u64) -> bool {
         self.store.held(at, len)
+    }
+
+    /// [`Storage::landed`], `at` within this source.
+    pub fn landed(&self, at: u64, len: u64) -> bool {
+        self.store.landed(self.base + at, len)
+    }
+
+    /// [`Storage::landings`].
+    pub fn landings(&self) -> Option<u32> {
+        self.store.landings()
+    }
+
+    /// [`Storage::wait_landing`].
+    pub fn wait_landing(&self, seen: u32, timeout: std::time::Duration) -> bool {
+        self.store.wait_landing(seen, timeout)
     }
 
     /// [`Storage::partial`].

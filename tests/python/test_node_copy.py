@@ -8,6 +8,7 @@ A job's processes are told apart from another job's by SLURM_JOB_ID, as on a clu
 each test runs as a job of its own."""
 
 import json
+import random
 import os
 import shutil
 import signal
@@ -1136,6 +1137,39 @@ def test_a_rank_killed_mid_epoch_leaves_the_other_reading_and_no_copy(job, tmp_p
             assert cgroup.oom_kills() == 0
         finally:
             cgroup.remove()
+
+
+def test_a_batch_is_read_as_the_order_brings_its_files(job, tmp_path, monkeypatch):
+    """read_as_landed (what an archfs.torch dataset reads a batch with) hands over a
+    batch's files as the order lands them in the node's copy, not in the order asked,
+    and fetches none of them itself: each byte of the archive comes from the server
+    once, every file right."""
+    import archfs
+
+    url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 24 * MiB, 57,
+                                                "landed.tar", rate=8 * MiB)
+    crcs = json.loads(expected.read_text())
+    a = archfs.open_archive(url)
+    files = sorted(a.files("", None))
+    assert files == sorted(crcs)
+    order = files[:]
+    random.Random(57).shuffle(order)
+    assert a.fetch_ahead(order) == len(order)
+    # A batch of files from late in the order, then of the order's first files (fetched
+    # one by one first; the others come in its blocks of 8 MiB, seconds later).
+    batch = order[len(order) // 2:len(order) // 2 + 30] + order[:10]
+    got = list(a.read_as_landed(batch, wait=DEADLINE))
+    positions = [k for k, _ in got]
+    assert sorted(positions) == list(range(len(batch)))
+    assert all(zlib.crc32(data) == crcs[batch[k]] for k, data in got)
+    print(f"{len(batch)} files handed over in the order {positions}")
+    # (A late file may share a GET with a first one, and land with it.)
+    firsts = set(positions[:10]) & set(range(30, 40))
+    assert len(firsts) >= 5, "handed over as asked, not as they landed"
+    # The rest of the order lands too; nothing came twice.
+    assert all(zlib.crc32(a.read(f)) == crcs[f] for f in order)
+    print(f"fetched {proxy.sent / size:.3f}x the archive")
+    assert proxy.sent < 1.05 * size + MiB, f"fetched {proxy.sent / size:.2f}x the archive"
 
 
 def test_fetch_ahead_makes_no_copy_when_preload_is_never(job, tmp_path, monkeypatch):

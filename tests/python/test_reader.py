@@ -244,6 +244,10 @@ def test_read_many_partial_reads_scandir_walk_and_files(made, tree):
     names = [f"train/cat/{i}.jpg" for i in range(30)]
     assert a.read_many(names) == [(tree / n).read_bytes() for n in names]
     assert a.read_many(names, threads=4) == [(tree / n).read_bytes() for n in names]
+    # Nothing is filled in order here: every file at hand, in the order asked.
+    assert list(a.read_as_landed(names)) == list(enumerate(a.read_many(names)))
+    with pytest.raises(FileNotFoundError):
+        list(a.read_as_landed(names[:2] + ["train/cat/none.jpg"]))
     whole = (tree / "big.bin").read_bytes()
     assert a.read("big.bin", 1 << 20, 100_000) == whole[1 << 20:(1 << 20) + 100_000]
     assert a.read("big.bin", len(whole) - 3, 100) == whole[-3:]

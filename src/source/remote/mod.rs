@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::sync::{Condvar, Mutex};
 
@@ -639,6 +640,12 @@ impl RemoteObject {
     fn copying(&self) -> bool {
         self.inner.stage().is_some_and(|s| s.copying())
     }
+
+    /// The node's copy while some process fills it in order and it is not whole: its
+    /// bytes land as that order brings them.
+    fn filling(&self) -> Option<&Arc<stage::StagedCopy>> {
+        self.inner.stage.as_ref()?.filling()
+    }
 }
 
 impl Inner {
@@ -914,6 +921,19 @@ impl Storage for RemoteObject {
         self.inner
             .share()
             .is_none_or(|s| s.holds(at, len).is_some())
+    }
+
+    fn landed(&self, at: u64, len: u64) -> bool {
+        self.filling().is_none_or(|s| s.has(at, len))
+    }
+
+    fn landings(&self) -> Option<u32> {
+        Some(self.filling()?.landings())
+    }
+
+    fn wait_landing(&self, seen: u32, timeout: Duration) -> bool {
+        self.filling()
+            .is_some_and(|s| s.wait_landing(seen, timeout))
     }
 
     /// A scan of the whole object (a tar's index build) is about to start: unless the

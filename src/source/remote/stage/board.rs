@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"archfsB4");
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB5");
 
 /// What the copy filled file by file is marked by: a file's bytes are fetched rounded
 /// out to it, so a grain is never half in the copy (neighbouring files share one at
@@ -48,6 +48,8 @@ struct Head {
     /// grain's bit names no owner, so when one of them has ended, what is under way is
     /// all let go ([`Board::free_grains_of_the_dead`]).
     takers: [AtomicU32; TAKERS],
+    /// Bytes of grains in the copy: how fast an order brings it.
+    landed: AtomicU64,
 }
 
 /// Processes of a node that fill one copy in order and are watched for their end.
@@ -373,7 +375,8 @@ impl Board {
     pub fn put_grains(&self, taken: &Grains, landed: bool) {
         for &(w, mine) in &taken.words {
             if landed {
-                self.grains(0, w).fetch_or(mine, Ordering::AcqRel);
+                let was = self.grains(0, w).fetch_or(mine, Ordering::AcqRel);
+                self.count_landed(mine & !was);
             }
             self.grains(1, w).fetch_and(!mine, Ordering::AcqRel);
         }
@@ -430,8 +433,19 @@ impl Board {
     /// Marks `[first, end)` in the copy: bytes a GET of another kind put there.
     pub fn grains_landed(&self, first: u64, end: u64) {
         for (w, mask) in Self::grain_words(first, end) {
-            self.grains(0, w).fetch_or(mask, Ordering::AcqRel);
+            let was = self.grains(0, w).fetch_or(mask, Ordering::AcqRel);
+            self.count_landed(mask & !was);
         }
+    }
+
+    fn count_landed(&self, new: u64) {
+        let bytes = u64::from(new.count_ones()) * GRAIN;
+        self.head().landed.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of grains in the copy (its last grain counted whole).
+    pub fn landed(&self) -> u64 {
+        self.head().landed.load(Ordering::Relaxed)
     }
 
     /// Takes a place among the copiers for process `pid`; false when all are taken by
@@ -555,6 +569,7 @@ mod tests {
         assert!(!b.grains_in(50, 80));
         a.put_grains(&t, true);
         assert!(b.grains_in(60, 70) && !b.grains_in(59, 70));
+        assert_eq!(b.landed(), 10 * GRAIN);
         // A failed GET frees its grains for the next taker.
         b.put_grains(&u, false);
         assert!(!a.grains_in(50, 60));
@@ -568,6 +583,9 @@ mod tests {
         a.put_grains(&v, true);
         assert!(b.grains_in(0, 256));
         assert!(b.take_grains(0, 256).is_none());
+        // Each grain counted once, however it came.
+        b.grains_landed(0, 256);
+        assert_eq!(a.landed(), size);
     }
 
     #[test]

@@ -11,9 +11,10 @@
 //!
 //! Every process of the node reads what the order brought: its grains are marked on the
 //! copy's board, and a read of bytes under way waits for them, one the order has not
-//! reached fetches them ([`StagedCopy::fill_for`]). A new order replaces this process's last
-//! one (the next epoch's is handed over behind the current one's, so the link is not
-//! idle between epochs).
+//! reached fetches them ([`StagedCopy::fill_for`]). A DataLoader worker rather takes its
+//! batch's files as they land ([`crate::archive::landed`]), while the copy will be whole
+//! soon. A new order replaces this process's last one (the next epoch's is handed over
+//! behind the current one's, so the link is not idle between epochs).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,11 +46,16 @@ const MOST: u64 = 4 << 20;
 /// 8 MiB 8 at once at 115-120 (each GET and each TCP flow costs CPU in the server, the
 /// relay and here). Two pieces of the copy; a part of the usual multipart upload.
 const BLOCK: u64 = 8 << 20;
-/// GETs of [`BLOCK`]s under way at once: 96 MiB in flight, a 10 Gbit/s link at 75 ms.
-/// At 50 ms and 1 Gbit/s, 8 left the link at 77-96 MB/s late in the epoch, each flow
-/// short of its window (W = 4 / 8: 11.4 / 12.1 s); 12 kept it at 108-120 (10.7 /
-/// 11.2 s), and changed nothing at 10 ms.
-const BLOCKS_IN_FLIGHT: usize = 12;
+/// GETs of [`BLOCK`]s under way at once: 48 MiB in flight, a 10 Gbit/s link at 40 ms.
+/// Each flow sends in segments of about a millisecond of its own rate (the kernel's TSO
+/// sizing), so flows sharing a link cost packets, and every packet costs CPU in the
+/// server, the network and here: 12 blocks and the workers' own GETs sent 135,000
+/// packets for the bench's 1.1 GB, WebDataset's 4 streams 50,000. With decoding, CPU is
+/// what the epoch waits for: 6 took it from 30.8 s to 24.8-26.6 s (WebDataset 22-28 s).
+/// At 50 ms a flow is short of its window: 12 kept that link at 108-120 MB/s (10.7 s
+/// without decoding), 6 at ~115 once past the first files (11.8 s, WebDataset 10.7).
+/// (docs/history/2026-11-27-to-28-object-storage-nodes-ranks.md#fewer-flows-a-batch-decoded-as-its-files-land-issue-53-2026-11-29-thirty-third-session).
+const BLOCKS_IN_FLIGHT: usize = 6;
 /// The order's first bytes, fetched file by file before any block: the first batches,
 /// at once. An eighth of a smaller order.
 const FILES_FIRST: u64 = 32 << 20;
