@@ -6,7 +6,7 @@
 //! What emulation cannot prove (a real arm64 kernel's FUSE, its page cache at 64 KiB, the
 //! speed) is said in docs/FORMATS.md, with the command to run on a real node.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,7 +1,7 @@
 //! The help, the manual page, the shell completions and the README come from one set of
 //! definitions and agree.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! offsets through the entry points, checked byte for byte without a mount; damage,
 //! truncation and a damaged saved index.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! xattrs and every byte. Images come from mksquashfs (every compressor and layout
 //! option), gensquashfs and tar2sqfs, built at test time from the awkward tree.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Corrupt images give clean errors: EIO for the read that hits a bad block (logged
 //! once) while everything else keeps working, and no panic or hang for damaged tables.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;

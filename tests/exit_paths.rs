@@ -1,7 +1,7 @@
 //! A background mount outlives its parent and goes on request; writes are refused; mount
 //! errors are one line that says what to do. How jobs end is in tests/lifecycle.rs.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

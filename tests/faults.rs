@@ -1,7 +1,7 @@
 //! Faults: the archive changes under a live mount, the server dies under load, and
 //! hundreds of mount cycles leak nothing. (The OOM killer is in tests/lifecycle.rs.)
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! is opened and walked again through the same entry point the fuzz targets use, and must
 //! end in time with a result or an error, never a panic.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::mpsc;

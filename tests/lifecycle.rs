@@ -6,7 +6,7 @@
 //! The promise is "gone within 2 s"; the tests wait on events up to [`DEADLINE`] so they
 //! pass on a busy machine, and print how long each ending took.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;

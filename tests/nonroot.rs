@@ -2,7 +2,7 @@
 //! cleans up after a killed server without root. Everything the user runs and reads is
 //! staged under /tmp, wherever the checkout is (CI may clone into a private directory).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

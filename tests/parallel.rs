@@ -1,7 +1,7 @@
 //! Many readers at once, in threads and in processes, read shuffled files through one
 //! mount whose cache is far smaller than the data, and every byte is checked.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Command;

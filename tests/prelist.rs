@@ -3,7 +3,7 @@
 //! path then needs no LOOKUP request, and listings served from the kernel's cache still
 //! show the archive's tree.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! (the default) once many files have been read, and the preloaded mount serves exactly
 //! the same tree.
 
-mod common;
+use crate::common;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

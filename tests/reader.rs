@@ -2,7 +2,7 @@
 //! mksquashfs with every compressor and layout option are walked and compared with the
 //! source tree.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -3,7 +3,7 @@
 //! endpoint from the environment, and the tree is compared with the source or with what
 //! `tar -x` extracts from the same archive.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! where the network needs to misbehave (tests/common/proxy.rs); trees are compared with
 //! their source.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! and it answers like S3 where archfs's client depends on it (signatures checked, error
 //! codes, preconditions, ranges), so a change of SeaweedFS that breaks those shows here.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

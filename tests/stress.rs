@@ -3,7 +3,7 @@
 //! cache far smaller than the data so eviction races with the readers. Every byte is
 //! checked against the source; the counts are printed for docs/RELIABILITY.md#load.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Tar archives made by GNU tar in every --format, by Python's tarfile and by bsdtar,
 //! mounted and compared with what `tar -x` extracts from the same archive.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

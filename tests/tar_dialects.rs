@@ -7,7 +7,7 @@
 //! real writers where one writes the case (GNU tar, bsdtar, Python's tarfile), else
 //! block by block from the format's documents (tests/common/rawtar.rs).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::unix::ffi::OsStrExt;

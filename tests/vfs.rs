@@ -4,7 +4,7 @@
 //! handles, errors with their errno, and the listing-ahead protocol that
 //! tests/prelist.rs sees only through the counts a mount logs.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

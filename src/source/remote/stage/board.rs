@@ -5,9 +5,10 @@
 //! together stay within a few.
 //!
 //! A copy filled file by file in the order a job will read ([`super::order`]) is marked
-//! by [`GRAIN`]s instead: two bits each, one for "in the copy" and one for "a GET of
-//! it is under way", so a reader waits for a file the order is fetching rather than
-//! fetching it a second time.
+//! by [`GRAIN`]s instead: a bit for "in the copy", one for "a GET of it is under way",
+//! so a reader waits for a file the order is fetching rather than fetching it a second
+//! time, and six naming the process whose GET it is, so the grains of one that ended
+//! mid-GET are let go and no other's.
 
 use std::fs::File;
 use std::io;
@@ -15,7 +16,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"archfsB5");
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB6");
 
 /// What the copy filled file by file is marked by: a file's bytes are fetched rounded
 /// out to it, so a grain is never half in the copy (neighbouring files share one at
@@ -44,16 +45,26 @@ struct Head {
     arrivals: AtomicU32,
     /// The processes copying, one entry a GET under way: their pids, 0 when free.
     copiers: [AtomicU32; COPIERS],
-    /// The processes that took grains (a GET of them under way), 0 when free: a
-    /// grain's bit names no owner, so when one of them has ended, what is under way is
-    /// all let go ([`Board::free_grains_of_the_dead`]).
+    /// The processes that took grains (a GET of them under way), 0 when free; a grain
+    /// under way names its taker's place here ([`OWNER_BITS`]), so the grains of one
+    /// that ended are let go ([`Board::free_grains_of_the_dead`]).
     takers: [AtomicU32; TAKERS],
     /// Bytes of grains in the copy: how fast an order brings it.
     landed: AtomicU64,
 }
 
-/// Processes of a node that fill one copy in order and are watched for their end.
-const TAKERS: usize = 32;
+/// Processes of a node that fill one copy in order and are watched for their end; one
+/// more takes grains named by no place ([`UNNAMED`]), let go only with every place's.
+const TAKERS: usize = 63;
+/// Bitmaps naming the place among [`Head::takers`] of a grain's taker.
+const OWNER_BITS: usize = 6;
+/// The owner of grains taken while every place was held by a live process.
+const UNNAMED: usize = TAKERS;
+/// A taker's place while the grains of the process that ended in it are let go.
+const FREEING: u32 = u32::MAX;
+
+/// Bitmaps of grains: in the copy, under way, their taker's place.
+const MAPS: usize = 2 + OWNER_BITS;
 
 /// GETs of one copy under way at once, for all processes of the node.
 pub const COPIERS: usize = 8;
@@ -146,9 +157,10 @@ unsafe impl Sync for Board {}
 
 impl Board {
     /// The head, then three words a piece: its state, its bytes arrived, the first
-    /// piece of the GET that took it; then the grains' two bitmaps.
+    /// piece of the GET that took it; then the grains' bitmaps: in the copy, under way,
+    /// and the [`OWNER_BITS`] of their taker's place.
     fn bytes(size: u64, pieces: u64) -> usize {
-        std::mem::size_of::<Head>() + 24 * pieces as usize + 16 * Self::words(size)
+        std::mem::size_of::<Head>() + 24 * pieces as usize + 8 * MAPS * Self::words(size)
     }
 
     /// Words of one bitmap of grains.
@@ -315,7 +327,7 @@ impl Board {
         self.head().ordered.store(1, Ordering::Release);
     }
 
-    /// Word `w` of bitmap `map` (0: in the copy, 1: under way).
+    /// Word `w` of bitmap `map` (0: in the copy, 1: under way, 2..: the taker's place).
     fn grains(&self, map: usize, w: usize) -> &AtomicU64 {
         let at = std::mem::size_of::<Head>() + 24 * self.pieces() as usize;
         let words = Self::words(self.head().size);
@@ -347,7 +359,11 @@ impl Board {
     /// Marks the grains of `[first, end)` that are neither in the copy nor under way as
     /// under way, for a GET of this process: the ones it took, or `None`.
     pub fn take_grains(&self, first: u64, end: u64) -> Option<Grains> {
-        self.note_taker();
+        self.take_grains_for(std::process::id(), first, end)
+    }
+
+    fn take_grains_for(&self, pid: u32, first: u64, end: u64) -> Option<Grains> {
+        let place = self.note_taker(pid);
         let mut taken = Grains {
             words: Vec::new(),
             first: u64::MAX,
@@ -361,6 +377,17 @@ impl Board {
             }
             let mine = want & !self.grains(1, w).fetch_or(want, Ordering::AcqRel);
             if mine != 0 {
+                // Named after the bits are taken: one who lets go of a dead process's
+                // grains in between may let go of these too (fetched twice, the same
+                // bytes), never keep a dead one's.
+                for b in 0..OWNER_BITS {
+                    let map = self.grains(2 + b, w);
+                    if place >> b & 1 == 1 {
+                        map.fetch_or(mine, Ordering::AcqRel);
+                    } else {
+                        map.fetch_and(!mine, Ordering::AcqRel);
+                    }
+                }
                 let base = w as u64 * 64;
                 taken.first = taken.first.min(base + u64::from(mine.trailing_zeros()));
                 taken.end = taken.end.max(base + 64 - u64::from(mine.leading_zeros()));
@@ -383,51 +410,77 @@ impl Board {
         self.wake();
     }
 
-    /// Names this process among the grains' takers, once.
-    fn note_taker(&self) {
-        let me = std::process::id();
+    /// Names process `pid` among the grains' takers, once: its place, or [`UNNAMED`]
+    /// while every place is held by a live process.
+    fn note_taker(&self, pid: u32) -> usize {
         let takers = &self.head().takers;
-        if takers.iter().any(|t| t.load(Ordering::Acquire) == me) {
-            return;
+        if let Some(i) = takers.iter().position(|t| t.load(Ordering::Acquire) == pid) {
+            return i;
         }
-        // A slot free, or of a process that ended (its grains let go first).
-        for t in takers {
-            let held = t.load(Ordering::Acquire);
-            if held == 0
-                && t.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+        // A place free, or of a process that ended (its grains let go first).
+        for (i, t) in takers.iter().enumerate() {
+            if t.load(Ordering::Acquire) == 0
+                && t.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
-                return;
+                return i;
             }
         }
         if self.free_grains_of_the_dead() {
-            self.note_taker();
+            return self.note_taker(pid);
         }
+        UNNAMED
     }
 
     /// When a process that took grains has ended (SIGKILL, the OOM killer) with GETs
     /// under way, their grains would stay under way for good and every read of them
-    /// wait: all grains under way are let go (a live taker's may then be fetched twice,
-    /// the same bytes). True when one had ended.
+    /// wait: the grains its place names are let go, a live taker's stay under way.
+    /// True when one had ended.
     pub fn free_grains_of_the_dead(&self) -> bool {
-        let mut dead = false;
-        for t in &self.head().takers {
+        let mut dead = 0u64;
+        for (i, t) in self.head().takers.iter().enumerate() {
             let held = t.load(Ordering::Acquire);
             if held != 0
+                && held != FREEING
                 && !alive(held)
-                && t.compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire)
+                && t.compare_exchange(held, FREEING, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
-                dead = true;
+                dead |= 1 << i;
             }
         }
-        if dead {
-            for w in 0..Self::words(self.head().size) {
-                self.grains(1, w).store(0, Ordering::Release);
-            }
-            self.wake();
+        if dead == 0 {
+            return false;
         }
-        dead
+        for w in 0..Self::words(self.head().size) {
+            let under_way = self.grains(1, w).load(Ordering::Acquire);
+            if under_way == 0 {
+                continue;
+            }
+            let owner: [u64; OWNER_BITS] =
+                std::array::from_fn(|b| self.grains(2 + b, w).load(Ordering::Acquire));
+            let mut freed = 0;
+            for place in (0..TAKERS).filter(|i| dead >> i & 1 == 1) {
+                let of = (0..OWNER_BITS).fold(under_way, |m, b| {
+                    m & if place >> b & 1 == 1 {
+                        owner[b]
+                    } else {
+                        !owner[b]
+                    }
+                });
+                freed |= of;
+            }
+            if freed != 0 {
+                self.grains(1, w).fetch_and(!freed, Ordering::AcqRel);
+            }
+        }
+        for (i, t) in self.head().takers.iter().enumerate() {
+            if dead >> i & 1 == 1 {
+                t.store(0, Ordering::Release);
+            }
+        }
+        self.wake();
+        true
     }
 
     /// Marks `[first, end)` in the copy: bytes a GET of another kind put there.
@@ -586,6 +639,38 @@ mod tests {
         // Each grain counted once, however it came.
         b.grains_landed(0, 256);
         assert_eq!(a.landed(), size);
+    }
+
+    #[test]
+    fn a_dead_takers_grains_are_let_go_and_no_one_elses() {
+        let size = 1 << 20;
+        let file = crate::source::scratch::memfd().unwrap();
+        file.set_len(Board::file_len(size, 1)).unwrap();
+        let a = Board::create(file, size, 1, 7).unwrap();
+        let b = Board::open(a.file().try_clone().unwrap(), size).unwrap();
+        let me = std::process::id();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        // Interleaved in one bitmap word and across words: the live taker's, the dead
+        // one's, another live one's (a place of its own).
+        let mine = a.take_grains_for(me, 10, 20).unwrap();
+        let theirs = b.take_grains_for(dead, 0, 100).unwrap();
+        assert_eq!(theirs.runs(0), vec![(0, 10), (20, 100)]);
+        let other = a.take_grains_for(1, 100, 130).unwrap();
+        assert!(a.free_grains_of_the_dead());
+        assert!(!a.free_grains_of_the_dead(), "let go twice");
+        // The dead one's are free to take again; the others' are still under way.
+        let again = b.take_grains_for(me, 0, 130).unwrap();
+        assert_eq!(again.runs(0), vec![(0, 10), (20, 100)]);
+        a.put_grains(&mine, true);
+        a.put_grains(&other, true);
+        a.put_grains(&again, true);
+        assert!(b.grains_in(0, 130) && !b.grains_in(0, 131));
+        // Its place is free again.
+        let places = &a.head().takers;
+        assert!(places.iter().all(|t| t.load(Ordering::Acquire) != dead));
+        assert!(places.iter().any(|t| t.load(Ordering::Acquire) == me));
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //! soon. A new order replaces this process's last one (the next epoch's is handed over
 //! behind the current one's, so the link is not idle between epochs).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::board::GRAIN;
 use super::StagedCopy;
@@ -65,6 +67,12 @@ const FILES_FIRST: u64 = 32 << 20;
 const FIRST_GET: u64 = 256 << 10;
 /// The share of a copy's bytes an order must hold for [`BLOCK`]s.
 const MOSTLY: f64 = 0.5;
+/// A run that did not land whole (bytes under way for another process, which may end
+/// before they land; a GET that failed) is taken again this long after, once. A rank
+/// killed mid-epoch left its GETs' bytes under way, which the other rank's order had
+/// passed: each of its batches that wanted them waited a second in vain, 22 s from the
+/// kill to the epoch's end for 64 MiB at 16 MiB/s; 7-9 s taken again.
+const AGAIN: Duration = Duration::from_millis(500);
 
 /// Bytes this process fetched into node copies filled in order (the order's GETs and
 /// reads of bytes it had not reached).
@@ -117,6 +125,8 @@ struct Order<F = Fill> {
     /// GETs under way (of this order or the one it replaced): files, blocks.
     files_out: usize,
     blocks_out: usize,
+    /// Runs to take again ([`AGAIN`]), with when.
+    again: VecDeque<(Run<F>, Instant)>,
 }
 
 impl<F> Default for Order<F> {
@@ -130,17 +140,20 @@ impl<F> Default for Order<F> {
             next_block: 0,
             files_out: 0,
             blocks_out: 0,
+            again: VecDeque::new(),
         }
     }
 }
 
-/// What the order took: the copy, where it starts and ends, whether it is a block.
+/// What the order took: the copy, where it starts and ends, whether it is a block, and
+/// whether it is taken again ([`AGAIN`]).
 #[derive(Debug)]
 struct Run<F = Fill> {
     fill: F,
     from: u64,
     to: u64,
     block: bool,
+    again: bool,
 }
 
 impl<F: Clone> Run<F> {
@@ -151,6 +164,7 @@ impl<F: Clone> Run<F> {
             from,
             to,
             block,
+            again: false,
         }
     }
 }
@@ -179,11 +193,9 @@ fn queue() -> &'static Queue {
 /// Fetches `spans` (each a copy of [`Fill`]s, where and how many bytes) into the node's
 /// copies in this order, in the background, in place of this process's last order.
 pub fn fetch_ahead(spans: Vec<(Fill, u64, u64)>) {
-    let mut order = Order::new(spans);
+    let order = Order::new(spans);
     let q = queue();
-    let mut current = q.order.lock();
-    (order.files_out, order.blocks_out) = (current.files_out, current.blocks_out);
-    *current = order;
+    q.order.lock().replace(order);
     q.more.notify_all();
 }
 
@@ -196,19 +208,33 @@ impl Queue {
                     if let Some(run) = order.take() {
                         break run;
                     }
-                    order = self.more.wait(order);
+                    order = match order.again.front() {
+                        Some((_, when)) => {
+                            let until = when.saturating_duration_since(Instant::now());
+                            self.more.wait_timeout(order, until)
+                        }
+                        None => self.more.wait(order),
+                    };
                 }
             };
             let (first, end) = (run.from / GRAIN, run.to.div_ceil(GRAIN));
-            let copy = &run.fill.0;
-            if let Some(taken) = copy.board.take_grains(first, end) {
-                copy.fill(&taken);
+            let board = &run.fill.0.board;
+            // Bytes still under way long after: their taker may have ended.
+            if run.again && !board.grains_in(first, end) {
+                board.free_grains_of_the_dead();
             }
+            if let Some(taken) = board.take_grains(first, end) {
+                run.fill.0.fill(&taken);
+            }
+            let whole = board.grains_in(first, end);
             let mut order = self.order.lock();
             if run.block {
                 order.blocks_out -= 1;
             } else {
                 order.files_out -= 1;
+            }
+            if !whole && !run.again {
+                order.again_later(run);
             }
             drop(order);
             self.more.notify_all();
@@ -267,6 +293,10 @@ impl<F: Target> Order<F> {
     /// The next GET to make: the first spans file by file, then blocks (at most
     /// [`BLOCKS_IN_FLIGHT`]), and files of copies not fetched in blocks.
     fn take(&mut self) -> Option<Run<F>> {
+        if let Some(run) = self.take_again(Instant::now()) {
+            self.files_out += 1;
+            return Some(run);
+        }
         if self.next >= self.first_blocks && self.blocks_out < BLOCKS_IN_FLIGHT {
             if let Some(run) = self.take_block() {
                 self.blocks_out += 1;
@@ -279,6 +309,35 @@ impl<F: Target> Order<F> {
         let run = self.take_file()?;
         self.files_out += 1;
         Some(run)
+    }
+
+    /// `next` in place of this order, with the GETs under way and the runs to take again.
+    fn replace(&mut self, mut next: Order<F>) {
+        (next.files_out, next.blocks_out) = (self.files_out, self.blocks_out);
+        next.again = std::mem::take(&mut self.again);
+        *self = next;
+    }
+
+    /// A run that did not land whole, taken again after [`AGAIN`] unless it is there by
+    /// then.
+    fn again_later(&mut self, mut run: Run<F>) {
+        run.again = true;
+        self.again.push_back((run, Instant::now() + AGAIN));
+    }
+
+    /// The first run due to be taken again by `now` and not in its copy by then.
+    fn take_again(&mut self, now: Instant) -> Option<Run<F>> {
+        while let Some((run, when)) = self.again.front() {
+            if run.fill.has(run.from, run.to - run.from) {
+                self.again.pop_front();
+                continue;
+            }
+            if *when > now {
+                return None;
+            }
+            return self.again.pop_front().map(|(run, _)| run);
+        }
+        None
     }
 
     /// The block around the next span of a copy fetched in blocks that is not in it yet.
@@ -468,6 +527,33 @@ mod tests {
         assert!(blocks.len() as u64 <= copy.size().div_ceil(BLOCK));
         // And every file of the order is in the copy.
         assert!(at.iter().all(|&a| copy.has(a, FILE)));
+    }
+
+    #[test]
+    fn a_run_that_did_not_land_is_taken_again_once_later_unless_it_landed() {
+        let (copy, at) = archive(4);
+        let mut order = Order::new(vec![
+            (copy.clone(), at[0], FILE),
+            (copy.clone(), at[2], FILE),
+        ]);
+        order.blocks = vec![false];
+        let (a, b) = (order.take_file().unwrap(), order.take_file().unwrap());
+        let now = Instant::now();
+        order.again_later(a);
+        order.again_later(b);
+        assert!(order.take_again(now).is_none(), "taken again at once");
+        // The second landed meanwhile (a GET of another process's): only the first.
+        copy.land(at[2], at[2] + FILE);
+        let later = now + AGAIN + Duration::from_millis(1);
+        let run = order.take_again(later).expect("the run that did not land");
+        assert!(run.again && run.from <= at[0] && run.to >= at[0] + FILE);
+        assert!(order.take_again(later).is_none());
+        // A new order takes over what is to be taken again, and the GETs under way.
+        order.again_later(run);
+        order.files_out = 2;
+        order.replace(Order::new(vec![(copy.clone(), at[3], FILE)]));
+        assert_eq!((order.again.len(), order.files_out), (1, 2));
+        assert_eq!(order.spans.len(), 1);
     }
 
     #[test]
