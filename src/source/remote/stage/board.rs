@@ -53,8 +53,9 @@ struct Head {
     landed: AtomicU64,
 }
 
-/// Processes of a node that fill one copy in order and are watched for their end; one
-/// more takes grains named by no place ([`UNNAMED`]), let go only with every place's.
+/// Processes of a node that fill one copy in order and are watched for their end. Past
+/// them a process's grains are named by no place ([`UNNAMED`]) and never let go: a read
+/// of them stalled fetches its own bytes after [`super::STALL`] x 4.
 const TAKERS: usize = 63;
 /// Bitmaps naming the place among [`Head::takers`] of a grain's taker.
 const OWNER_BITS: usize = 6;
