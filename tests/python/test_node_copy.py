@@ -270,11 +270,17 @@ def holders(pids):
     out = []
     for pid in pids:
         if copies([pid]):
-            try:
-                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200])
-            except OSError:
-                pass
+            out.append(cmdline(pid).replace(b"\0", b" ")[:200])
     return out
+
+
+def cmdline(pid):
+    """The raw command line of `pid`, or b"" if it has gone: a process listed a moment
+    ago may exit before it is read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def my_processes():
@@ -296,10 +302,10 @@ def peak_rss(pids, *args):
     has all of `args`."""
     out = []
     for pid in pids:
+        have = cmdline(pid).decode(errors="replace").split("\0")
+        if not all(a in have for a in args):
+            continue
         try:
-            have = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            if not all(a in have for a in args):
-                continue
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
@@ -580,10 +586,10 @@ def test_mount_takes_the_command_lines_remote_options(job, tmp_path, monkeypatch
     stage.mkdir()
     with archfs.mount(url, tmp_path / "m", stage_dir=stage, retry_for=2, keep="1G",
                       preload=False) as root:
-        server = [p for p in my_processes() if f"--stage-dir\0{stage}".encode()
-                  in Path(f"/proc/{p}/cmdline").read_bytes()]
+        server = [c for c in map(cmdline, my_processes())
+                  if f"--stage-dir\0{stage}".encode() in c]
         assert server, "no server was given --stage-dir"
-        assert b"--keep\x001G" in Path(f"/proc/{server[0]}/cmdline").read_bytes()
+        assert b"--keep\x001G" in server[0]
         first = (root / names[0]).read_bytes()
         assert zlib.crc32(first) == json.loads(expected.read_text())[names[0]]
         # The server goes: a read not yet served fails within the 2 s given, not the
