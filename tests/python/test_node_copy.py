@@ -443,6 +443,7 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
         subprocess.run(["umount", "-l", str(m)], capture_output=True)
 
 
+@pytest.mark.once
 def test_a_stager_killed_mid_copy_leaves_the_others_reading(job, tmp_path, monkeypatch):
     img, expected = make_image(tmp_path, 256 * MiB, seed=2)
     size = img.stat().st_size
@@ -899,6 +900,7 @@ print(f"epoch {len(sampler.share)} bad {bad[:3]}", flush=True)
 """
 
 
+@pytest.mark.once
 def test_a_node_sampler_stages_its_share_and_an_epoch_reads_it_there(job, tmp_path, monkeypatch):
     """`NodeSampler.stage()` copies the node's share of an archfs.torch dataset (about
     half the image of 2 nodes); an epoch of the sampler is then served from the copy."""
@@ -963,6 +965,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("fmt,ctx,persistent", [("sqfs", "fork", "0"), ("tar", "spawn", "1")])
 def test_a_dataloader_fetches_its_order_ahead_into_the_node_copy(job, tmp_path, monkeypatch,
                                                                  fmt, ctx, persistent):
@@ -1037,6 +1040,7 @@ def tar_with_index(job, tmp_path, monkeypatch, size, seed, key, rate=None):
     return url, tar.stat().st_size, expected, proxy
 
 
+@pytest.mark.once
 def test_an_ordered_fill_outlives_a_server_gone_for_a_while(job, tmp_path, monkeypatch):
     """The server goes away mid-epoch while FetchAhead fills the copy in order (its
     connections reset, new ones refused), then comes back: the epoch ends with every

@@ -506,6 +506,7 @@ def torch_or_skip():
     need("torchvision")
 
 
+@pytest.mark.once
 def test_imagefolder_equals_torchvisions_on_a_mount_under_every_start_method(tmp_path):
     torch_or_skip()
     import torch
@@ -735,6 +736,7 @@ def test_node_shares_cover_every_file_once_with_every_class_on_every_node():
         node_shares(targets, 0)
 
 
+@pytest.mark.once
 def test_node_sampler_keeps_each_node_on_its_share_and_shuffles_it(tmp_path):
     torch_or_skip()
     from archfs.partition import node_shares
