@@ -75,7 +75,8 @@ def parse_args(argv, usage):
     nodes.add_args(ap)
     args = ap.parse_args(argv)
     args.argv = argv
-    args.files = args.files or (10000 if args.inproc_remote else
+    args.files = args.files or (1_281_167 if args.inproc_remote and args.ir_scale else
+                                10000 if args.inproc_remote else
                                 1000 if args.remote or (args.nodes and args.quick) else
                                 5000 if args.ranks or args.nodes else
                                 2000 if args.quick else 20000)

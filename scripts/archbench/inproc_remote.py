@@ -4,6 +4,7 @@ storage inside the training process, side by side in one run, over one emulated 
     sudo scripts/wheel && sudo scripts/bench --inproc-remote --quick
     sudo scripts/bench --inproc-remote --files 1000 --ir-links 10ms/1gbit --ir-workers 2 \\
         --ir-decode off
+    sudo scripts/bench --inproc-remote --ir-scale --quick     # 1,281,167 files of 1-400 B
 
 Why: a job whose images are in S3 reads them with a PyTorch DataLoader; archfs reads them
 from one archive object (a tar, a SquashFS image) in the DataLoader's processes, its peers
@@ -58,6 +59,13 @@ Decode off: a sample is the file's bytes (a batch is counted in the worker: imag
 labels). Decode on: PIL open + convert("RGB") + RandomResizedCrop(224) + ToTensor, the
 ImageNet training transform, for every tool alike; batches collated as torch does.
 
+`--ir-scale`: ImageNet's count instead, 1,281,167 files of 1-400 B in 1,000 classes
+(--scale's tree: data.tar 1.3 GB; ImageNet's 140 GB do not fit a bench machine's disk),
+so what is measured is what each file costs a loader, and opening an index of 1.28 M
+entries from the bucket. The tar, its zstd SquashFS image and WebDataset shards of it;
+decode off; by default archfs fetch-ahead (tar and SquashFS), WebDataset and the stream
+(the loose-object peers would need 1.28 M PUTs first, and already lose at 10,000 files).
+
 Each tool x link x W x decode is one helper process (`bench _inproc_remote run`, the
 bench venv's Python), in a memory cgroup of its own (v2, or v1 where the memory controller
 is there, as on the bench's VM; none, said so, where neither is writable), with a fresh
@@ -99,11 +107,14 @@ from .ranks import JobCgroup
 from .remote import (BUCKET, REGION, S3_VENV, SLOTS, RemoteBench, delta, fresh_dir,
                      parse_links, remove, start_server)
 from .report import save
+from .scale import Scale, classes_for
 from .system import REG, force_unmount, log, sh_out
 
 TOOLS = ("archfs", "archfs sqfs", "archfs fetch-ahead", "archfs sqfs fetch-ahead",
          "archfs mount", "copy first",
          "s3torchconnector", "litdata raw", "litdata", "webdataset", "stream")
+SCALE_TOOLS = ("archfs fetch-ahead", "archfs sqfs fetch-ahead", "webdataset", "stream")
+SCALE_MAX = 400         # --scale's largest file
 BATCH = 256
 EPOCHS = 2
 SHARD_BYTES = 100e6     # WebDataset's usual shard size
@@ -131,8 +142,12 @@ def add_args(ap):
     g.add_argument("--ir-workers", help="DataLoader num_workers (default 2,4,8; --quick: 4)")
     g.add_argument("--ir-decode", help="off (bytes), on (PIL + RandomResizedCrop + "
                    "ToTensor), or both (default off,on)")
-    g.add_argument("--ir-tools", default=",".join(TOOLS),
-                   help="comma-separated: " + ", ".join(TOOLS))
+    g.add_argument("--ir-tools", help="comma-separated: " + ", ".join(TOOLS) +
+                   " (default all; --ir-scale: " + ", ".join(SCALE_TOOLS) + ")")
+    g.add_argument("--ir-scale", action="store_true", help="ImageNet's 1,281,167 files of "
+                   "1-400 B (--files to change the count) as a tar, a zstd image and "
+                   "WebDataset shards: the per-file cost and an index of 1.28 M entries; "
+                   "decode off")
 
 
 def resolve(args):
@@ -142,12 +157,19 @@ def resolve(args):
                                 ("10ms/1gbit" if quick else "10ms/1gbit,50ms/1gbit,10ms/none"))
     args.ir_workers = [int(w) for w in (args.ir_workers or ("4" if quick else "2,4,8"))
                        .split(",") if w.strip()]
-    args.ir_decode = [d.strip() for d in (args.ir_decode or "off,on").split(",") if d.strip()]
-    args.ir_tools = [t.strip() for t in args.ir_tools.split(",") if t.strip()]
+    args.ir_decode = [d.strip() for d in (args.ir_decode or
+                                          ("off" if args.ir_scale else "off,on")).split(",")
+                      if d.strip()]
+    args.ir_tools = [t.strip() for t in (args.ir_tools or ",".join(
+        SCALE_TOOLS if args.ir_scale else TOOLS)).split(",") if t.strip()]
     bad = [t for t in args.ir_tools if t not in TOOLS] + \
         [d for d in args.ir_decode if d not in ("off", "on")]
     if bad or not args.ir_links or not args.ir_workers:
         raise SystemExit(f"--inproc-remote: unknown {bad or 'links or workers'}")
+    if args.ir_scale and not args.classes_given:
+        args.classes = classes_for(args.files)
+    if args.ir_scale and ("on" in args.ir_decode or set(args.ir_tools) - set(SCALE_TOOLS)):
+        raise SystemExit("--ir-scale: decode off, and only " + ", ".join(SCALE_TOOLS))
     args.jpeg = True
 
 # ---------------------------------------------------------------------------------------------
@@ -160,9 +182,10 @@ def classes_of(manifest):
     return sorted({rel.split("/", 1)[0] for rel, _ in manifest})
 
 
-def wds_shards(ds, src, manifest, seed):
+def wds_shards(ds, src, manifest, seed, data=None):
     """WebDataset's tar shards of the dataset: files dealt to shards in a shuffled order
-    (classes mix in a shard), ~SHARD_BYTES each, at least MIN_SHARDS; (dir, count)."""
+    (classes mix in a shard), ~SHARD_BYTES each, at least MIN_SHARDS; (dir, count). A
+    file's bytes are read under `src`, or got from `data(rel)`."""
     total = sum(s for _, s in manifest)
     n = max(math.ceil(total / SHARD_BYTES), MIN_SHARDS)
     out = os.path.join(ds, f"wds-{n}")
@@ -181,8 +204,11 @@ def wds_shards(ds, src, manifest, seed):
             for rel, _ in order[k * per:(k + 1) * per]:
                 cls, name = rel.split("/", 1)
                 key = f"{cls}_{os.path.splitext(name)[0]}"
-                with open(os.path.join(src, rel), "rb") as f:
-                    add_member(t, f"{key}.jpg", f.read())
+                if data:
+                    add_member(t, f"{key}.jpg", data(rel))
+                else:
+                    with open(os.path.join(src, rel), "rb") as f:
+                        add_member(t, f"{key}.jpg", f.read())
                 add_member(t, f"{key}.cls", str(label[cls]).encode())
     open(out + ".complete", "w").close()
     return out, n
@@ -211,6 +237,8 @@ def litdata_chunks(ds, src, mpath, seed):
 
 def prepare(args):
     """The dataset and every form of it the tools read; name -> path, and the manifest."""
+    if args.ir_scale:
+        return prepare_scale(args)
     key = f"ds-jpeg-{args.files}f-{args.classes}c-s{args.seed}"
     ds = os.path.join(args.workdir, key)
     os.makedirs(ds, exist_ok=True)
@@ -220,6 +248,25 @@ def prepare(args):
     paths["src"] = src
     paths["litdata"] = litdata_chunks(ds, src, mpath, args.seed)
     paths["wds"], paths["wds_shards"] = wds_shards(ds, src, manifest, args.seed)
+    return paths, manifest
+
+
+def prepare_scale(args):
+    """--ir-scale's: --scale's tree of 1-400 B files as a tar and a zstd image (made once
+    under --workdir), and WebDataset shards of the tar's members."""
+    ds = Scale(args).dataset(args.files, args.classes, SCALE_MAX, plain=False)
+    manifest = read_manifest(ds["manifest"])
+    members = {}
+
+    def data(rel):
+        if not members:
+            log("reading the tar's members for WebDataset's shards")
+            with tarfile.open(ds["tar"]) as t:
+                members.update((m.name, t.extractfile(m).read()) for m in t if m.isfile())
+        return members[rel]
+    paths = {"tar": ds["tar"], "zstd": ds["sqfs"]}
+    paths["wds"], paths["wds_shards"] = wds_shards(ds["dir"], None, manifest, args.seed,
+                                                   data)
     return paths, manifest
 
 
@@ -883,12 +930,15 @@ def header(args, b, archfs_bin, unavailable):
         f"weed: {sh_out([os.path.join(S3_VENV, 'bin', 'weed'), 'version']).splitlines()[0]}"]
     sizes = [s for _, s in b.manifest]
     p = b.paths
-    data = (f"{b.n} noise JPEGs in {len(b.classes)} classes, {b.nbytes / 1e6:.0f} MB, mean "
-            f"{b.nbytes / b.n / 1024:.0f} KiB (max {max(sizes) / 1024:.0f} KiB); data.tar "
+    kind = "files of 1-400 B (--ir-scale)" if args.ir_scale else "noise JPEGs"
+    litdata = "" if "litdata" not in p else (
+        f"LitData chunks {disk_bytes(p['litdata']) / 1e6:.0f} MB "
+        f"({len([f for f in os.listdir(p['litdata']) if f.endswith('.bin')])} files of "
+        f"{LITDATA_CHUNK}), ")
+    data = (f"{b.n} {kind} in {len(b.classes)} classes, {b.nbytes / 1e6:.0f} MB, mean "
+            f"{b.nbytes / b.n / 1024:.1f} KiB (max {max(sizes) / 1024:.1f} KiB); data.tar "
             f"{b.tar_size / 1e6:.0f} MB, zstd.sqfs {os.path.getsize(p['zstd']) / 1e6:.0f} MB, "
-            f"LitData chunks {disk_bytes(p['litdata']) / 1e6:.0f} MB "
-            f"({len([f for f in os.listdir(p['litdata']) if f.endswith('.bin')])} files of "
-            f"{LITDATA_CHUNK}), {p['wds_shards']} WebDataset shards "
+            f"{litdata}{p['wds_shards']} WebDataset shards "
             f"({disk_bytes(p['wds']) / 1e6:.0f} MB).")
     method = ("Each tool x link x W x decode: a helper process of the bench venv, in a memory "
               f"cgroup of its own, a DataLoader of batch {BATCH}, num_workers W, "
@@ -987,8 +1037,12 @@ def main(args):
     paths, manifest = prepare(args)
     tmp = fresh_dir(os.path.join(args.workdir, "inproc-remote"))
     net, server, _ = start_server(tmp, {"tar": paths["tar"], "zstd": paths["zstd"]})
-    for prefix in ("jpeg", "litdata", "wds"):
-        server.upload_tree(prefix, paths["src" if prefix == "jpeg" else prefix])
+    # Each form the tools read: --ir-scale's 1.28 M loose objects would take an hour.
+    wants = {"jpeg": {"s3torchconnector", "litdata raw"}, "litdata": {"litdata"},
+             "wds": {"webdataset"}}
+    for prefix, tools in wants.items():
+        if tools & set(args.ir_tools):
+            server.upload_tree(prefix, paths["src" if prefix == "jpeg" else prefix])
     sidecar_index(archfs_bin, tmp)
     b = Bench(args, net, server, paths, manifest, tmp, archfs_bin)
     b.run()
