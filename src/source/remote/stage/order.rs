@@ -302,8 +302,18 @@ impl<F: Target> Order<F> {
     /// The next GET to make: the first spans file by file, then blocks (at most
     /// [`BLOCKS_IN_FLIGHT`]), and files of copies not fetched in blocks.
     fn take(&mut self) -> Option<Run<F>> {
-        if let Some(run) = self.take_again(Instant::now()) {
-            self.files_out += 1;
+        self.take_at(Instant::now())
+    }
+
+    /// [`take`](Self::take) at `now`. A run taken again counts among the GETs of its
+    /// kind, as its end is counted off there.
+    fn take_at(&mut self, now: Instant) -> Option<Run<F>> {
+        if let Some(run) = self.take_again(now) {
+            if run.block {
+                self.blocks_out += 1;
+            } else {
+                self.files_out += 1;
+            }
             return Some(run);
         }
         if let Some(run) = self.take_block_if_due() {
@@ -602,6 +612,25 @@ mod tests {
         order.replace(Order::new(vec![(copy.clone(), at[3], FILE)]));
         assert_eq!((order.again.len(), order.files_out), (1, 2));
         assert_eq!(order.spans.len(), 1);
+    }
+
+    #[test]
+    fn a_block_taken_again_counts_among_the_blocks_under_way() {
+        let (copy, at) = archive(1000);
+        let spans = shuffled(1000)
+            .into_iter()
+            .map(|i| (copy.clone(), at[i as usize], FILE));
+        let mut order = Order::new(spans.collect());
+        order.first_blocks = 0;
+        let block = order.take().expect("a block");
+        assert!(block.block);
+        // Its GET ended without its bytes (another process had them under way).
+        order.blocks_out -= 1;
+        order.again_later(block);
+        let later = Instant::now() + AGAIN + Duration::from_millis(1);
+        let again = order.take_at(later).expect("the block again");
+        assert!(again.block && again.again);
+        assert_eq!((order.files_out, order.blocks_out), (0, 1));
     }
 
     #[test]
