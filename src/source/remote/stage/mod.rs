@@ -100,6 +100,9 @@ enum CopyError {
     },
     #[error("writing the node-local copy: {0}")]
     Write(std::io::Error),
+    /// Not an error: the job's order fills the copy now ([`StagedCopy::copy`]).
+    #[error("the copy is filled in the job's order now")]
+    HandedOver,
 }
 
 /// Where a copy's bytes come from.
@@ -717,15 +720,16 @@ impl StagedCopy {
     }
 
     /// Copies the `n` pieces from `first`, taken by this process, in one GET, each marked
-    /// copied as it arrives; false when the copy failed.
+    /// copied as it arrives; false when the copy failed. Once a process fills the copy in
+    /// its job's order, the GET ends after the piece arriving and gives back the rest:
+    /// the order's blocks fetch them, once.
     fn copy(&self, first: u64, n: u64) -> bool {
-        let me = Self::me();
         let size = self.object.size;
         let at = first * PIECE;
         let len = ((first + n) * PIECE).min(size) - at;
-        self.board
-            .swap(first, Piece::Taken(me), Piece::Arriving(me));
         let end = first + n;
+        let mut held = self.arrive(first);
+        let mut handed_over = false;
         let mut arrived = |pos: u64, bytes: &[u8]| -> Result<(), CopyError> {
             self.file()
                 .write_all_at(bytes, pos)
@@ -734,7 +738,7 @@ impl StagedCopy {
             let upto = pos + bytes.len() as u64;
             let piece_end = ((p + 1) * PIECE).min(size);
             if upto < piece_end {
-                if self.board.piece(p) == Piece::Arriving(me) {
+                if self.board.piece(p) == Piece::Arriving(Self::me()) {
                     self.board
                         .filled(p)
                         .store(upto - p * PIECE, Ordering::Release);
@@ -742,19 +746,52 @@ impl StagedCopy {
                 }
                 return Ok(());
             }
-            if p + 1 < end {
-                self.board
-                    .swap(p + 1, Piece::Taken(me), Piece::Arriving(me));
-            }
+            let ordered = p + 1 < end && self.board.ordered();
+            let next = (p + 1 < end && !ordered).then(|| self.arrive(p + 1));
             self.landed(p, piece_end - p * PIECE);
+            if let Some(g) = std::mem::replace(&mut held, next.flatten()) {
+                self.board.put_grains(&g, true);
+            }
+            if ordered {
+                self.give_back(p + 1, end);
+                handed_over = true;
+                return Err(CopyError::HandedOver);
+            }
             Ok(())
         };
-        if let Err(e) = self.object.fetch((at, len), &mut arrived) {
-            tracing::warn!("{}: the copy to this node stopped: {e}", self.object.name);
-            self.fail();
-            return false;
+        let got = self.object.fetch((at, len), &mut arrived);
+        if let Some(g) = held {
+            self.board.put_grains(&g, false);
         }
-        true
+        match got {
+            Err(_) if handed_over => true,
+            Err(e) => {
+                tracing::warn!("{}: the copy to this node stopped: {e}", self.object.name);
+                self.fail();
+                false
+            }
+            Ok(()) => true,
+        }
+    }
+
+    /// Marks piece `p`, taken by this process, arriving, and its grains no GET has as
+    /// under way with it: an order's blocks fetch around them, not them again.
+    fn arrive(&self, p: u64) -> Option<Grains> {
+        let me = Self::me();
+        self.board.swap(p, Piece::Taken(me), Piece::Arriving(me));
+        let from = p * PIECE;
+        let to = (from + PIECE).min(self.object.size);
+        self.board.take_grains(from / GRAIN, to.div_ceil(GRAIN))
+    }
+
+    /// Frees the pieces `[first, end)` this process took and has not begun to fetch.
+    fn give_back(&self, first: u64, end: u64) {
+        let me = Piece::Taken(Self::me());
+        for p in first..end {
+            self.board.swap(p, me, Piece::Free);
+        }
+        self.board.next().fetch_min(first, Ordering::AcqRel);
+        self.board.wake();
     }
 
     /// Pieces this process takes for one GET: many while much is left, one at the end,
@@ -904,10 +941,7 @@ impl StagedCopy {
                     }
                 } else {
                     // Another process took one meanwhile: give back what was taken.
-                    let me = Piece::Taken(Self::me());
-                    (first..first + n).for_each(|p| {
-                        board.swap(p, me, Piece::Free);
-                    });
+                    self.give_back(first, first + n);
                 }
             }
             // Wait only for bytes about to arrive; the rest of a GET may be far off.
