@@ -72,6 +72,9 @@ const SMALL_FILL: u64 = 128 << 10;
 /// order rather than fetch its own bytes: the bench's 1.1 GB at 10-50 ms and 1 Gbit/s
 /// takes 10-13 s, and its workers waited (the epoch with decoding 26 s, not 31).
 const WAIT_FOR_ORDER: Duration = Duration::from_secs(30);
+/// Grains between two runs of grains to fetch that one GET fetches with them (64 KiB):
+/// a round trip costs more than a few grains fetched again.
+const JOINED: u64 = 16;
 /// Copying threads of this process, for all its copies.
 const WORKERS: usize = board::COPIERS;
 
@@ -1078,7 +1081,7 @@ impl StagedCopy {
         let at = taken.first * GRAIN;
         let len = (taken.end * GRAIN).min(size) - at;
         // Around grains already there (a block of the order's), one GET a run.
-        let got = taken.runs(16).into_iter().try_for_each(|(first, end)| {
+        let got = taken.runs(JOINED).into_iter().try_for_each(|(first, end)| {
             let from = first * GRAIN;
             let n = (end * GRAIN).min(size) - from;
             order::FETCHED.fetch_add(n, Ordering::Relaxed);

@@ -66,8 +66,11 @@ const FILES_FIRST: u64 = 32 << 20;
 /// files one GET each took 20 s where the stream of their tar took 0.4.
 const FIRST_FILES: usize = 512;
 /// A file among the first of a copy fetched in [`BLOCK`]s comes with the bytes around it
-/// up to this many: later in the epoch they are read anyway, and a GET of 110 KiB costs
-/// the server, the relay and this node as much CPU as one of 256 KiB.
+/// up to this many: later in the epoch they are read anyway, a GET of 110 KiB costs
+/// the server, the relay and this node as much CPU as one of 256 KiB, and its block is
+/// then fetched in fewer GETs (around it). A file smaller than what a block's GET
+/// fetches across anyway ([`super::JOINED`] grains) comes alone: ImageNet's count of
+/// 1-400 B files rounded up took 64 MB for its first batch.
 const FIRST_GET: u64 = 256 << 10;
 /// The share of a copy's bytes an order must hold for [`BLOCK`]s, with the gaps of less
 /// than [`GAP`] between its files (a tar member's header and padding: 1-400 B files are
@@ -411,7 +414,8 @@ impl<F: Target> Order<F> {
                     }
                 }
             }
-            if self.blocks[f as usize] && to - from < FIRST_GET {
+            let alone = to - from <= super::JOINED * GRAIN;
+            if self.blocks[f as usize] && to - from < FIRST_GET && !alone {
                 from -= from % FIRST_GET;
                 to = to.max(from + FIRST_GET).min(fill.size());
             }
@@ -574,6 +578,16 @@ mod tests {
         let files = runs.iter().filter(|r| !r.block).count();
         assert!(files <= FIRST_FILES, "{files} GETs of files");
         assert!(runs.len() <= FIRST_FILES + copy.size().div_ceil(BLOCK) as usize);
+        // Each of them alone, or with neighbours within GAP: not rounded up to FIRST_GET.
+        let most = runs
+            .iter()
+            .filter(|r| !r.block)
+            .map(|r| r.to - r.from)
+            .max();
+        assert!(
+            most.unwrap() <= 4 * GAP,
+            "a GET of {most:?} bytes for tiny files"
+        );
         assert!(
             runs.iter().any(|r| r.block),
             "no blocks: {} GETs",
