@@ -229,15 +229,26 @@ impl<V: Weighted> BlockCache<V> {
     /// Drops every block whose key `gone` picks (those of an archive read elsewhere
     /// from now on); readers holding one keep it.
     pub fn forget(&self, gone: impl Fn(u64) -> bool) {
+        self.take(gone);
+    }
+
+    /// Drops every block whose key `gone` picks, and returns those loaded, with their
+    /// keys.
+    pub fn take(&self, gone: impl Fn(u64) -> bool) -> Vec<(u64, Arc<V>)> {
+        let mut out = Vec::new();
         for shard in self.shards.iter() {
             let mut s = shard.lock();
             let keys: Vec<u64> = s.map.iter().map(|(k, _)| *k).filter(|&k| gone(k)).collect();
             for k in keys {
                 if let Some(slot) = s.map.pop(&k) {
                     s.bytes -= slot.charged.load(Ordering::Relaxed);
+                    if let Some(Some(v)) = slot.value.get() {
+                        out.push((k, v.clone()));
+                    }
                 }
             }
         }
+        out
     }
 
     /// Bytes currently held (for tests and `--debug` statistics).

@@ -202,6 +202,9 @@ class ImageFolder(DatasetFolder, _ImageFolder):
 # An order this long (ImageNet's two epochs: 2.56 M) takes a second or two to hand over:
 # its first files (16 batches of 256) go first.
 _LONG, _HEAD = 200_000, 4096
+# Seconds an epoch's first batch waits for the first order to be handed over (placing a
+# copy of 140 GB in memory takes ~20 s; the workers would wait for its bytes anyway).
+_MADE_WAIT = 120.0
 
 
 class FetchAhead(torch.utils.data.Sampler):
@@ -248,6 +251,8 @@ class FetchAhead(torch.utils.data.Sampler):
         # was iterated since set_epoch (the next one then shuffles anew).
         self._ready: Optional[Tuple[int, List[int]]] = None
         self._iterated = False
+        # Set once the first order was handed over: the node's copy is made then.
+        self._made = threading.Event()
         self._early()
 
     def set_epoch(self, epoch: int) -> None:
@@ -293,6 +298,12 @@ class FetchAhead(torch.utils.data.Sampler):
         return self._order(self.epoch + 1, ahead)
 
     def _hand(self, order: List[int], seq: int) -> None:
+        try:
+            self._hand_over(order, seq)
+        finally:
+            self._made.set()
+
+    def _hand_over(self, order: List[int], seq: int) -> None:
         native = self.dataset.archive._handle()
         with self._lock:
             if seq < self._handed:
@@ -303,6 +314,7 @@ class FetchAhead(torch.utils.data.Sampler):
                 # read the files one at a time.
                 samples = self.dataset.samples
                 native.fetch_ahead(native.inodes([samples[i][0] for i in order[:_HEAD]]))
+                self._made.set()
             if self._inodes is None:
                 self._inodes = native.inodes([p for p, _ in self.dataset.samples])
             inodes = self._inodes
@@ -314,9 +326,15 @@ class FetchAhead(torch.utils.data.Sampler):
         self._iterated = True
         ready, self._ready = self._ready, None
         if ready is not None and ready[0] == self.epoch:
-            return iter(ready[1])
-        order = self._order(self.epoch, self.sampler)
-        self._start(order + self._next())
+            order = ready[1]
+        else:
+            order = self._order(self.epoch, self.sampler)
+            self._start(order + self._next())
+        # The DataLoader's workers, started by now, open the archive at their first
+        # batch, which it sends once this returns: they find the node's copy made, where
+        # each opening before it fetched the archive's tables for itself (a SquashFS
+        # image of 1.28 M files: 20 MB a worker).
+        self._made.wait(_MADE_WAIT)
         return iter(order)
 
     def __len__(self) -> int:

@@ -7,6 +7,7 @@ two copies (the OOM killer's count read from the cgroup), and as an ordinary use
 A job's processes are told apart from another job's by SLURM_JOB_ID, as on a cluster:
 each test runs as a job of its own."""
 
+import contextlib
 import json
 import random
 import os
@@ -430,7 +431,12 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
             if rank:
                 rank.kill()
             subprocess.run(["pkill", "-KILL", "-f", f"archfs mount .*{url}"])
-    # Memory back, nothing left behind; the mounts go (their watchdogs unmount them).
+        # Servers killed with their watchdogs leave their mounts to the job's end (the
+        # life cycle's tests cover that); here they are only cleared away, failed or not.
+        for m in mounts:
+            subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True)
+            subprocess.run(["umount", "-l", str(m)], capture_output=True)
+    # Memory back, nothing left behind.
     if cgroup:
         try:
             assert wait_for(lambda: cgroup.shmem() <= shm_before + MiB), \
@@ -440,11 +446,6 @@ def test_one_copy_for_eight_mounts_and_eight_workers(job, tmp_path, monkeypatch)
     assert scratch_dirs() == left_before
     assert wait_for(lambda: not copies(my_processes())), \
         f"a copy outlived the job: {holders(my_processes())}"
-    # Servers killed with their watchdogs leave their mounts to the job's end (the life
-    # cycle's tests cover that); here they are only cleared away.
-    for m in mounts:
-        subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True)
-        subprocess.run(["umount", "-l", str(m)], capture_output=True)
 
 
 @pytest.mark.once
@@ -969,6 +970,29 @@ if __name__ == "__main__":
 """
 
 
+@contextlib.contextmanager
+def fetching_ahead(url, expected, ctx, persistent):
+    """FETCH_AHEAD's DataLoader over `url`, its input closed on the way out, and its end
+    checked."""
+    p = subprocess.Popen([sys.executable, "-c", FETCH_AHEAD, url, str(expected), ctx, persistent],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        yield p
+    finally:
+        p.stdin.close()
+        p.wait(timeout=DEADLINE)
+    assert p.returncode == 0, p.stderr.read()
+
+
+def epoch_done(p, epoch, n):
+    """FETCH_AHEAD's line at the end of `epoch`: all `n` samples, right; its words."""
+    line = p.stdout.readline().split()
+    assert line[:6] == ["epoch", str(epoch), "samples", str(n), "right", "True"], \
+        " ".join(line) + p.stderr.read()
+    return line
+
+
 @pytest.mark.once
 @pytest.mark.parametrize("fmt,ctx,persistent", [("sqfs", "fork", "0"), ("tar", "spawn", "1")])
 def test_a_dataloader_fetches_its_order_ahead_into_the_node_copy(job, tmp_path, monkeypatch,
@@ -994,14 +1018,9 @@ def test_a_dataloader_fetches_its_order_ahead_into_the_node_copy(job, tmp_path, 
         # The index beside the object, as a user saves it once: no scan at open.
         subprocess.run([find_archfs(), "index", url], check=True, capture_output=True)
         proxy.reset()
-    p = subprocess.Popen([sys.executable, "-c", FETCH_AHEAD, url, str(expected), ctx, persistent],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
     n = len(json.loads(expected.read_text()))
-    try:
-        line = p.stdout.readline().split()
-        assert line[:6] == ["epoch", "0", "samples", str(n), "right", "True"], \
-            " ".join(line) + p.stderr.read()
+    with fetching_ahead(url, expected, ctx, persistent) as p:
+        line = epoch_done(p, 0, n)
         first, ahead = proxy.sent, int(line[7])
         print(f"{fmt}, {ctx} workers: epoch 1 fetched {first / MiB:.1f} MiB of "
               f"{size / MiB:.1f} MiB ({first / size:.3f}x), {ahead / MiB:.1f} MiB of it by "
@@ -1012,17 +1031,48 @@ def test_a_dataloader_fetches_its_order_ahead_into_the_node_copy(job, tmp_path, 
             proxy.stop()
         p.stdin.write("\n")
         p.stdin.flush()
-        line = p.stdout.readline().split()
-        assert line[:6] == ["epoch", "1", "samples", str(n), "right", "True"], \
-            " ".join(line) + p.stderr.read()
+        epoch_done(p, 1, n)
         print(f"epoch 2 fetched {(proxy.sent - first) / 1024:.0f} KiB")
         assert proxy.sent - first < 64 << 10
         p.stdin.write("\n")
         p.stdin.flush()
-    finally:
-        p.stdin.close()
-        p.wait(timeout=DEADLINE)
-    assert p.returncode == 0, p.stderr.read()
+
+
+@pytest.mark.once
+def test_forked_workers_find_the_copy_and_an_images_tables_are_fetched_once(job, tmp_path,
+                                                                            monkeypatch):
+    """An image of many tiny files is mostly its tables, read at every opening: the
+    opening process's (fetched before the node's copy was made) go into the copy, and
+    the DataLoader's workers, opening it again, find the copy and read them there. Each
+    process fetched them for itself (5x an image of 1.28 M files with 4 processes)."""
+    from test_reader import torch_or_skip
+
+    torch_or_skip()
+    src, expected = tmp_path / "src", {}
+    rng = random.Random(54)
+    for i in range(20_000):
+        d = src / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(1 + rng.randrange(40))
+        (d / f"{i:06d}.jpg").write_bytes(data)
+        expected[f"class{i % 10}/{i:06d}.jpg"] = zlib.crc32(data)
+    img = tmp_path / "tiny.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(img), "-noappend", "-quiet", "-no-progress",
+                    "-comp", "zstd"], check=True)
+    shutil.rmtree(src)
+    (tmp_path / "expected.json").write_text(json.dumps(expected))
+    size = img.stat().st_size
+    url = upload(job, img, "tiny.sqfs")
+    proxy = CountingProxy(int(job.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    with fetching_ahead(url, tmp_path / "expected.json", "fork", "0") as p:
+        epoch_done(p, 0, len(expected))
+        sent = proxy.sent
+        print(f"epoch 1 fetched {sent / MiB:.2f} MiB of a {size / MiB:.2f} MiB image "
+              f"({sent / size:.2f}x)")
+        assert sent < 1.05 * size + (64 << 10), f"fetched {sent / size:.2f}x the image"
+        p.stdin.write("\n\n")
+        p.stdin.flush()
 
 
 def tar_with_index(job, tmp_path, monkeypatch, size, seed, key, rate=None):

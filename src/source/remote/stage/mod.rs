@@ -1096,18 +1096,47 @@ impl StagedCopy {
             tracing::warn!("{}: {e}", self.object.name);
             return false;
         }
+        self.pieces_filled(at, at + len);
+        true
+    }
+
+    /// Marks the pieces across `[from, to)` whose grains are all in the copy as copied.
+    fn pieces_filled(&self, from: u64, to: u64) {
         let me = Piece::Arriving(Self::me());
-        for p in at / PIECE..=(at + len - 1) / PIECE {
-            let from = p * PIECE;
-            let to = (from + PIECE).min(size);
+        for p in from / PIECE..=(to - 1) / PIECE {
+            let at = p * PIECE;
+            let upto = (at + PIECE).min(self.object.size);
             if self.board.piece(p) == Piece::Free
-                && self.board.grains_in(from / GRAIN, to.div_ceil(GRAIN))
+                && self.board.grains_in(at / GRAIN, upto.div_ceil(GRAIN))
                 && self.board.swap(p, Piece::Free, me)
             {
-                self.landed(p, to - from);
+                self.landed(p, upto - at);
             }
         }
-        true
+    }
+
+    /// Puts `bytes`, the object's from `pos` (fetched for other reads), into the copy:
+    /// its whole grains are marked there, and whole pieces copied. Not in a copy of a
+    /// share of the files, which holds them elsewhere.
+    pub fn put(&self, pos: u64, bytes: &[u8]) {
+        let size = self.object.size;
+        let end = pos + bytes.len() as u64;
+        let first = pos.div_ceil(GRAIN);
+        // Whole grains only; the object's last grain ends at its end.
+        let last = if end == size {
+            end.div_ceil(GRAIN)
+        } else {
+            end / GRAIN
+        };
+        if self.object.spans.is_some() || end > size || first >= last {
+            return;
+        }
+        if self.file().write_all_at(bytes, pos).is_err() {
+            return;
+        }
+        self.board.grains_landed(first, last);
+        self.board.wake();
+        self.pieces_filled(first * GRAIN, (last * GRAIN).min(size));
     }
 
     /// Where `[pos, pos + len)` of the object is in this copy of a share of its files,
