@@ -226,7 +226,8 @@ class FetchAhead(torch.utils.data.Sampler):
     link does not idle between epochs; another sampler's order is fetched as it starts.
     The order is what the sampler yields, unchanged. Such an order is handed over as
     soon as it is known (when made, on ``set_epoch``), so fetching starts while the
-    DataLoader starts its workers. Without ``set_epoch`` its own shuffle draws a new
+    DataLoader starts its workers; its first index waits for the first order to be
+    handed over, which makes the node's copy the workers then find. Without ``set_epoch`` its own shuffle draws a new
     order each epoch, as ``shuffle=True`` does."""
 
     def __init__(
