@@ -227,8 +227,9 @@ class FetchAhead(torch.utils.data.Sampler):
     The order is what the sampler yields, unchanged. Such an order is handed over as
     soon as it is known (when made, on ``set_epoch``), so fetching starts while the
     DataLoader starts its workers; its first index waits for the first order to be
-    handed over, which makes the node's copy the workers then find. Without ``set_epoch`` its own shuffle draws a new
-    order each epoch, as ``shuffle=True`` does."""
+    handed over, which makes the node's copy the workers then find. Without
+    ``set_epoch`` its own shuffle draws a new order each epoch, as ``shuffle=True``
+    does."""
 
     def __init__(
         self,

@@ -483,6 +483,15 @@ mod tests {
         (Grains::new(n * (HEADER + FILE)), at)
     }
 
+    /// The plan for an epoch of all `n` files of [`archive`]`(n)`, shuffled.
+    fn shuffled_epoch(n: u64) -> Order<Grains> {
+        let (copy, at) = archive(n);
+        let spans = shuffled(n)
+            .into_iter()
+            .map(|i| (copy.clone(), at[i as usize], FILE));
+        Order::new(spans.collect())
+    }
+
     /// A shuffle of `0..n` (an LCG's, as a sampler's would be).
     fn shuffled(n: u64) -> Vec<u64> {
         let mut v: Vec<u64> = (0..n).collect();
@@ -630,11 +639,7 @@ mod tests {
 
     #[test]
     fn a_block_taken_again_counts_among_the_blocks_under_way() {
-        let (copy, at) = archive(1000);
-        let spans = shuffled(1000)
-            .into_iter()
-            .map(|i| (copy.clone(), at[i as usize], FILE));
-        let mut order = Order::new(spans.collect());
+        let mut order = shuffled_epoch(1000);
         order.first_blocks = 0;
         let block = order.take().expect("a block");
         assert!(block.block);
@@ -649,11 +654,7 @@ mod tests {
 
     #[test]
     fn at_most_so_many_gets_of_files_and_of_blocks_are_under_way() {
-        let (copy, at) = archive(2000);
-        let spans = shuffled(2000)
-            .into_iter()
-            .map(|i| (copy.clone(), at[i as usize], FILE));
-        let mut order = Order::new(spans.collect());
+        let mut order = shuffled_epoch(2000);
         let mut taken = Vec::new();
         while let Some(run) = order.take() {
             taken.push(run);
