@@ -1203,6 +1203,86 @@ def test_a_rank_killed_mid_epoch_leaves_the_other_reading_and_no_copy(job, tmp_p
             cgroup.remove()
 
 
+ORDER_ONLY = r"""
+import random, sys
+import archfs
+
+a = archfs.open_archive(sys.argv[1])
+order = sorted(a.files("", None))
+random.Random(1).shuffle(order)
+print(a.fetch_ahead(order), flush=True)
+sys.stdin.readline()
+"""
+
+
+# A mount's reader, in process: a file every 2 s until told to stop, then every file.
+READ_NOW_AND_THEN = r"""
+import archfs, json, sys, threading, zlib
+a = archfs.open_archive(sys.argv[1])
+exp = json.load(open(sys.argv[2]))
+names = sorted(exp)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+print("open", flush=True)
+n = 0
+while not stop.is_set():
+    f = names[n % len(names)]
+    assert zlib.crc32(a.read(f)) == exp[f], f
+    n += 1
+    stop.wait(2)
+bad = [f for f in names if zlib.crc32(a.read(f)) != exp[f]]
+print("read", n, "bad", bad[:5], flush=True)
+"""
+
+
+def test_an_order_whose_process_ended_leaves_the_copy_to_the_others(job, tmp_path,
+                                                                    monkeypatch):
+    """A rank hands the node's copy an order and is SIGKILLed before the copy is whole.
+    Another process that reads a file now and then (as a mount's reader does) then
+    copies the rest in whole pieces, as without an order, rather than fetching only the
+    files it reads for good; every file right, the rest of the copy fetched once."""
+    url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 48 * MiB, 58,
+                                                "orphan.tar", rate=8 * MiB)
+    n = len(json.loads(expected.read_text()))
+    rank = subprocess.Popen([sys.executable, "-c", ORDER_ONLY, url], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    log = tmp_path / "reader.log"
+    reader = None
+    try:
+        assert rank.stdout.readline().strip() == str(n), rank.stderr.read()
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READ_NOW_AND_THEN, url, str(expected)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
+            env=dict(os.environ, ARCHFS_LOG="info"))
+        assert until_line(reader, "open"), log.read_text()
+        assert len(copies([rank.pid, reader.pid])) == 1, "the reader did not join the copy"
+        assert wait_for(lambda: proxy.sent > size / 4), f"sent {proxy.sent}"
+        assert "copied to this node, " not in log.read_text(), "the copy ended too soon"
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait(timeout=DEADLINE)
+        killed = proxy.sent
+        assert wait_for(lambda: "copied to this node, " in log.read_text()), \
+            f"the reader did not copy the rest: {proxy.sent / size:.2f}x the archive " \
+            f"fetched, {killed / size:.2f}x at the kill\n{log.read_text()}"
+        sent = proxy.sent
+        reader.stdin.write("stop\n")
+        reader.stdin.flush()
+        line = reader.stdout.readline().split()
+        assert line[:1] + line[2:] == ["read", "bad", "[]"], " ".join(line) + log.read_text()
+        print(f"killed at {killed / size:.2f}x; whole after {line[1]} reads, "
+              f"{sent / size:.3f}x fetched")
+        assert proxy.sent - sent < 64 << 10, f"read again {proxy.sent - sent} bytes"
+        assert sent < 1.5 * size, f"fetched {sent / size:.2f}x the archive"
+        reader.wait(timeout=DEADLINE)
+        assert reader.returncode == 0, log.read_text()
+    finally:
+        for p in (rank, reader):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_a_batch_is_read_as_the_order_brings_its_files(job, tmp_path, monkeypatch):
     """read_as_landed (what an archfs.torch dataset reads a batch with) hands over a
     batch's files as the order lands them in the node's copy, not in the order asked,

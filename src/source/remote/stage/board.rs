@@ -14,9 +14,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"archfsB6");
+const MAGIC: u64 = u64::from_le_bytes(*b"archfsB7");
 
 /// What the copy filled file by file is marked by: a file's bytes are fetched rounded
 /// out to it, so a grain is never half in the copy (neighbouring files share one at
@@ -38,9 +38,10 @@ struct Head {
     next: AtomicU64,
     /// Nonzero once the copy stopped on an error: readers fetch their own bytes.
     failed: AtomicU32,
-    /// Nonzero once a process fills the copy in the order its job reads: no process then
-    /// copies whole pieces, and a read of bytes not in the copy fetches just them.
-    ordered: AtomicU32,
+    /// The places among [`Head::takers`] of the processes that fill the copy in the
+    /// order their job reads, a bit each: while one runs no process copies whole
+    /// pieces, and a read of bytes not in the copy fetches just them.
+    ordered: AtomicU64,
     /// Bumped at every arrival; the futex readers wait on.
     arrivals: AtomicU32,
     /// The processes copying, one entry a GET under way: their pids, 0 when free.
@@ -57,6 +58,8 @@ struct Head {
 /// them a process's grains are named by no place ([`UNNAMED`]) and never let go: a read
 /// of them stalled fetches its own bytes after [`super::STALL`] x 4.
 const TAKERS: usize = 63;
+/// How often a process looks whether the processes that fill a copy in order still run.
+const LOOK_ORDERS: Duration = Duration::from_secs(1);
 /// Bitmaps naming the place among [`Head::takers`] of a grain's taker.
 const OWNER_BITS: usize = 6;
 /// The owner of grains taken while every place was held by a live process.
@@ -150,6 +153,10 @@ pub struct Board {
     file: File,
     base: *mut u8,
     len: usize,
+    /// When this process last looked whether the processes of [`Head::ordered`] run, in
+    /// milliseconds from `mapped`.
+    looked: AtomicU64,
+    mapped: Instant,
 }
 
 // SAFETY: the mapping is only reached through atomics and the immutable head fields.
@@ -236,6 +243,8 @@ impl Board {
             file,
             base: base.cast(),
             len,
+            looked: AtomicU64::new(0),
+            mapped: Instant::now(),
         })
     }
 
@@ -319,13 +328,41 @@ impl Board {
         self.head().failed.load(Ordering::Acquire) != 0
     }
 
-    /// Whether a process fills the copy in the order its job reads.
+    /// Whether a process fills the copy in the order its job reads. Whether those
+    /// processes still run is looked at once in [`LOOK_ORDERS`] at most: once the last
+    /// has ended (its rank killed) the copy is made of whole pieces again, else the
+    /// mounts of the node would fetch what they read and never copy the rest.
     pub fn ordered(&self) -> bool {
+        let held = self.head().ordered.load(Ordering::Acquire);
+        if held == 0 {
+            return false;
+        }
+        let now = self.mapped.elapsed().as_millis() as u64 + 1;
+        let last = self.looked.load(Ordering::Relaxed);
+        if (last != 0 && now.saturating_sub(last) < LOOK_ORDERS.as_millis() as u64)
+            || self.looked.swap(now, Ordering::Relaxed) != last
+        {
+            return true;
+        }
+        let takers = &self.head().takers;
+        let ended = (0..TAKERS).filter(|i| held >> i & 1 == 1).any(|i| {
+            let pid = takers[i].load(Ordering::Acquire);
+            pid != FREEING && !alive(pid)
+        });
+        if ended {
+            self.free_grains_of_the_dead();
+        }
         self.head().ordered.load(Ordering::Acquire) != 0
     }
 
+    /// This process fills the copy in the order its job reads.
     pub fn set_ordered(&self) {
-        self.head().ordered.store(1, Ordering::Release);
+        self.set_ordered_for(std::process::id());
+    }
+
+    fn set_ordered_for(&self, pid: u32) {
+        let place = self.note_taker(pid);
+        self.head().ordered.fetch_or(1 << place, Ordering::AcqRel);
     }
 
     /// Word `w` of bitmap `map` (0: in the copy, 1: under way, 2..: the taker's place).
@@ -355,6 +392,17 @@ impl Board {
     pub fn grains_in(&self, first: u64, end: u64) -> bool {
         Self::grain_words(first, end)
             .all(|(w, mask)| self.grains(0, w).load(Ordering::Acquire) & mask == mask)
+    }
+
+    /// Whether some grain of `[first, end)` is in the copy, and whether some is under
+    /// way.
+    pub fn grains_touched(&self, first: u64, end: u64) -> (bool, bool) {
+        Self::grain_words(first, end).fold((false, false), |(is_in, going), (w, mask)| {
+            (
+                is_in || self.grains(0, w).load(Ordering::Acquire) & mask != 0,
+                going || self.grains(1, w).load(Ordering::Acquire) & mask != 0,
+            )
+        })
     }
 
     /// Marks the grains of `[first, end)` that are neither in the copy nor under way as
@@ -475,6 +523,8 @@ impl Board {
                 self.grains(1, w).fetch_and(!freed, Ordering::AcqRel);
             }
         }
+        // Before the places are free: a new taker there gave no order.
+        self.head().ordered.fetch_and(!dead, Ordering::AcqRel);
         for (i, t) in self.head().takers.iter().enumerate() {
             if dead >> i & 1 == 1 {
                 t.store(0, Ordering::Release);
@@ -603,13 +653,20 @@ impl Drop for Board {
 mod tests {
     use super::*;
 
+    /// A new board of a copy of `size` bytes in `pieces`, and a second mapping of it (as
+    /// another process has).
+    fn two_mappings(size: u64, pieces: u64) -> (Board, Board) {
+        let file = crate::source::scratch::memfd().unwrap();
+        file.set_len(Board::file_len(size, pieces)).unwrap();
+        let a = Board::create(file, size, pieces, 7).unwrap();
+        let b = Board::open(a.file().try_clone().unwrap(), size).unwrap();
+        (a, b)
+    }
+
     #[test]
     fn grains_are_taken_once_and_seen_by_every_mapping() {
         let size = 1 << 20; // 256 grains, 4 bitmap words
-        let file = crate::source::scratch::memfd().unwrap();
-        file.set_len(Board::file_len(size, 1)).unwrap();
-        let a = Board::create(file, size, 1, 7).unwrap();
-        let b = Board::open(a.file().try_clone().unwrap(), size).unwrap();
+        let (a, b) = two_mappings(size, 1);
         assert!(!a.ordered());
         b.set_ordered();
         assert!(a.ordered());
@@ -644,11 +701,7 @@ mod tests {
 
     #[test]
     fn a_dead_takers_grains_are_let_go_and_no_one_elses() {
-        let size = 1 << 20;
-        let file = crate::source::scratch::memfd().unwrap();
-        file.set_len(Board::file_len(size, 1)).unwrap();
-        let a = Board::create(file, size, 1, 7).unwrap();
-        let b = Board::open(a.file().try_clone().unwrap(), size).unwrap();
+        let (a, b) = two_mappings(1 << 20, 1);
         let me = std::process::id();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
@@ -675,6 +728,27 @@ mod tests {
     }
 
     #[test]
+    fn an_order_is_forgotten_once_its_process_ended() {
+        let (a, b) = two_mappings(1 << 20, 1);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        b.set_ordered_for(dead);
+        assert!(
+            !a.ordered(),
+            "its process ended: a mapping looks at its first ask"
+        );
+        assert!(!b.ordered());
+        // A live order stays; the place of the dead one is free for another.
+        a.set_ordered();
+        assert!(b.ordered());
+        std::thread::sleep(LOOK_ORDERS + Duration::from_millis(10));
+        assert!(b.ordered());
+        let places = &a.head().takers;
+        assert!(places.iter().all(|t| t.load(Ordering::Acquire) != dead));
+    }
+
+    #[test]
     fn pieces_encode_and_a_second_mapping_sees_the_first() {
         for p in [
             Piece::Free,
@@ -684,10 +758,7 @@ mod tests {
         ] {
             assert_eq!(Piece::decode(p.encode()), p);
         }
-        let file = crate::source::scratch::memfd().unwrap();
-        file.set_len(Board::file_len(10 << 20, 3)).unwrap();
-        let a = Board::create(file, 10 << 20, 3, 42).unwrap();
-        let b = Board::open(a.file().try_clone().unwrap(), 10 << 20).unwrap();
+        let (a, b) = two_mappings(10 << 20, 3);
         assert!(Board::open(a.file().try_clone().unwrap(), 11 << 20).is_err());
         assert!(a.swap(1, Piece::Free, Piece::Taken(5)));
         assert_eq!(b.piece(1), Piece::Taken(5));
