@@ -39,8 +39,8 @@ struct Head {
     /// Nonzero once the copy stopped on an error: readers fetch their own bytes.
     failed: AtomicU32,
     /// The places among [`Head::takers`] of the processes that fill the copy in the
-    /// order their job reads, a bit each: while one runs no process copies whole
-    /// pieces, and a read of bytes not in the copy fetches just them.
+    /// order their job reads, a bit each ([`UNNAMED`]'s for good): while one runs no
+    /// process copies whole pieces, and a read of bytes not in the copy fetches just them.
     ordered: AtomicU64,
     /// Bumped at every arrival; the futex readers wait on.
     arrivals: AtomicU32,
