@@ -204,9 +204,10 @@ class Archive:
         """Each of the files ``paths`` whole, as ``(position in paths, bytes)``: first
         those a read finds where it reads them, then the others as the node's copy being
         filled in order (``fetch_ahead``) brings them, so the caller works on each while
-        the rest come. Once nothing landed for ``wait`` seconds, or where the order will
-        not have the whole copy soon, the files not there are read one by one as
-        ``read`` reads them (fetched if they must be). For a local archive: in order."""
+        the rest come. Once nothing landed for ``wait`` seconds, the process that gave
+        the order ended, or where the order will not have the whole copy soon, the files
+        not there are read one by one as ``read`` reads them (fetched if they must be).
+        For a local archive: in order."""
         paths = list(paths)
         native = self._handle()
         inos = native.inodes(paths)
