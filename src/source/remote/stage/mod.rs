@@ -977,7 +977,11 @@ impl StagedCopy {
             Piece::Arriving(_) => short(p) == 0,
             _ => false,
         };
-        if !(first..=last).all(staged) && !board.grains_in(pos / GRAIN, end.div_ceil(GRAIN)) {
+        // In the copy: its pieces, or its grains (an order's, a piece run fetched around
+        // them: `copy_around`).
+        let there =
+            || (first..=last).all(staged) || board.grains_in(pos / GRAIN, end.div_ceil(GRAIN));
+        if !there() {
             if board.ordered() {
                 return self.fill_for(pos, buf);
             }
@@ -1002,12 +1006,12 @@ impl StagedCopy {
                 Piece::Taken(_) => self.to_come(p) > WAIT_TAKEN,
                 Piece::Free => true,
             };
-            if (first..=last).any(far) {
+            if !there() && (first..=last).any(far) {
                 return Ok(Found::Fetch);
             }
             let mut moved = Instant::now();
             let mut seen = board.arrivals();
-            while !(first..=last).all(staged) {
+            while !there() {
                 if board.failed() || (first..=last).any(far) {
                     return Ok(Found::Fetch);
                 }
