@@ -1239,8 +1239,9 @@ def test_an_order_whose_process_ended_leaves_the_copy_to_the_others(job, tmp_pat
                                                                     monkeypatch):
     """A rank hands the node's copy an order and is SIGKILLed before the copy is whole.
     Another process that reads a file now and then (as a mount's reader does) then
-    copies the rest in whole pieces, as without an order, rather than fetching only the
-    files it reads for good; every file right, the rest of the copy fetched once."""
+    copies the rest, as without an order (only what the order had not brought), rather
+    than fetching only the files it reads for good; every file right, and read again,
+    nothing fetched."""
     url, size, expected, proxy = tar_with_index(job, tmp_path, monkeypatch, 48 * MiB, 58,
                                                 "orphan.tar", rate=8 * MiB)
     n = len(json.loads(expected.read_text()))
