@@ -53,7 +53,14 @@ False) for 2 epochs, with full shuffling where the tool has it:
   shards in a random order, samples mixed within a buffer of 1000 per worker; `WebLoader`;
 - `stream`: the link's floor, not a loader: curl GETs of data.tar whole, one stream and
   `--remote-streams` ranged streams (remote.py's); images per second if the tar
-  streamed once.
+  streamed once. And the first batch's floor: 256 ranged GETs of a file's mean size at
+  random places in data.tar, 48 at once, as a full shuffle's first batch needs (S3 has
+  no GET of many ranges): what the store's rate of requests allows any such loader.
+
+`--ir-store-apart` puts the store (weed) and the relay on the last CPU and the loaders on
+the others, as where the store is other machines: what a request costs the store is then
+not taken from the loaders' decoding. The shared default is the harder case for a loader
+that makes more requests.
 
 Decode off: a sample is the file's bytes (a batch is counted in the worker: images, bytes,
 labels). Decode on: PIL open + convert("RGB") + RandomResizedCrop(224) + ToTensor, the
@@ -116,6 +123,8 @@ TOOLS = ("archfs", "archfs sqfs", "archfs fetch-ahead", "archfs sqfs fetch-ahead
 SCALE_TOOLS = ("archfs fetch-ahead", "archfs sqfs fetch-ahead", "webdataset", "stream")
 SCALE_MAX = 400         # --scale's largest file
 BATCH = 256
+# GETs of an order's first files under way at once (src/source/remote/stage/order.rs).
+FIRST_IN_FLIGHT = 48
 EPOCHS = 2
 SHARD_BYTES = 100e6     # WebDataset's usual shard size
 MIN_SHARDS = 8          # split_by_worker leaves a worker without shards below W
@@ -144,6 +153,9 @@ def add_args(ap):
                    "ToTensor), or both (default off,on)")
     g.add_argument("--ir-tools", help="comma-separated: " + ", ".join(TOOLS) +
                    " (default all; --ir-scale: " + ", ".join(SCALE_TOOLS) + ")")
+    g.add_argument("--ir-store-apart", action="store_true", help="the store and the link's "
+                   "relay on the last CPU, the loaders on the others (as where the store is "
+                   "other machines): what the requests cost the store is not the loaders'")
     g.add_argument("--ir-scale", action="store_true", help="ImageNet's 1,281,167 files of "
                    "1-400 B (--files to change the count) as a tar, a zstd image and "
                    "WebDataset shards: the per-file cost and an index of 1.28 M entries; "
@@ -686,6 +698,7 @@ class Bench:
         self.tar_size = os.path.getsize(paths["tar"])
         self.res = {}       # section -> tool -> result
         self.streams = {}   # link -> {"1 stream": s, "N streams": s}
+        self.floors = {}    # link -> seconds of the first batch's GETs alone
         self.notes = []
         self.serial = 0
         self.cgroup_note = None
@@ -822,6 +835,31 @@ class Bench:
         self.streams[link] = {k: v[0] for k, v in got.items() if not k.endswith("gets")}
         for label, secs in self.streams[link].items():
             log(f"  stream, {label}: {secs:.2f} s ({self.tar_size / 1e6 / secs:.0f} MB/s)")
+        self.batch_floor(link)
+
+    def batch_floor(self, link):
+        """What the store and the link allow a first batch of a full shuffle: BATCH ranged
+        GETs of a file's mean size at random places in data.tar, FIRST_IN_FLIGHT at once
+        (curl --parallel, each on a connection of its own), as FetchAhead's first files
+        come; nothing else running. S3 has no GET of many ranges, so no loader that
+        shuffles the whole dataset fetches its first batch in fewer requests."""
+        url = f"{self.server.endpoint}/{BUCKET}/data.tar"
+        size = max(1, round(self.nbytes / self.n))
+        rng = random.Random(self.args.seed)
+        cmd = ["curl", "-Z", "--parallel-max", str(FIRST_IN_FLIGHT)]
+        for i in range(BATCH):
+            at = rng.randrange(0, self.tar_size - size)
+            cmd += (["--next"] if i else []) + [
+                "-sS", "-f", "-o", "/dev/null", "-r", f"{at}-{at + size - 1}", url]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        secs = time.perf_counter() - t0
+        if r.returncode:
+            self.note(f"{link}: curl batch floor failed: {r.stderr.strip()[:200]}")
+            return
+        self.floors[link] = secs
+        log(f"  first batch floor: {BATCH} GETs of {size} B, {FIRST_IN_FLIGHT} at once: "
+            f"{secs:.2f} s")
 
     def run(self):
         tools = [t for t in self.args.ir_tools if t != "stream"]
@@ -928,6 +966,8 @@ def header(args, b, archfs_bin, unavailable):
         f"{' + uncommitted changes' if dirty else ''})",
         f"bench venv: {sh_out(vpy).rstrip(', ')}",
         f"weed: {sh_out([os.path.join(S3_VENV, 'bin', 'weed'), 'version']).splitlines()[0]}"]
+    if args.ir_store_apart:
+        machine.append(f"--ir-store-apart: {args.ir_store_apart}")
     sizes = [s for _, s in b.manifest]
     p = b.paths
     kind = "files of 1-400 B (--ir-scale)" if args.ir_scale else "noise JPEGs"
@@ -972,6 +1012,10 @@ def report(b, args, head):
         body = []
         for tool, res in tools.items():
             body += tool_lines(tool, res, b)
+        floor = b.floors.get(out["link"])
+        if floor is not None:
+            body.append(f"first batch floor: {BATCH} ranged GETs of a file's mean size, "
+                        f"{FIRST_IN_FLIGHT} at once, nothing else running: {floor:.2f} s")
         if stream:
             body.append("stream: " + ", ".join(
                 f"{k} {v:.2f} s ({b.tar_size / 1e6 / v:.0f} MB/s, {b.n / v:.0f} img/s)"
@@ -1011,6 +1055,35 @@ def wheel(args):
         return [note]
 
 
+def store_apart(net, server):
+    """--ir-store-apart: the store (weed) and the link's relay on the last CPU, this bench
+    and all it starts on the others, as where the store is other machines and the link
+    a network: the CPU each GET and packet costs them is then not the loaders' own. The
+    threads they start later inherit it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--ir-store-apart: needs 2 CPUs or more")
+    leaders = {server.proc.pid, net.relay.pid}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                group = int(f.read().rsplit(")", 1)[1].split()[2])
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except (OSError, IndexError, ValueError):
+            continue
+        mine = pid == os.getpid()
+        if group in leaders or mine:
+            for tid in tasks:
+                try:
+                    os.sched_setaffinity(int(tid), set(cpus[:-1]) if mine else {cpus[-1]})
+                except OSError:
+                    pass  # a thread that ended
+    where = (f"weed and the relay on CPU {cpus[-1]}, the loaders on CPU "
+             f"{','.join(map(str, cpus[:-1]))}")
+    log(f"  {where}")
+    return where
+
+
 def sidecar_index(archfs_bin, tmp):
     """`archfs index s3://bench/data.tar`: the tar's index beside it, as a user saves it
     once when the dataset is packed (docs/PYTHON.md); without it every job's first open
@@ -1044,6 +1117,8 @@ def main(args):
         if tools & set(args.ir_tools):
             server.upload_tree(prefix, paths["src" if prefix == "jpeg" else prefix])
     sidecar_index(archfs_bin, tmp)
+    if args.ir_store_apart:
+        args.ir_store_apart = store_apart(net, server)
     b = Bench(args, net, server, paths, manifest, tmp, archfs_bin)
     b.run()
     unavailable = [f"{t}: {r['unavailable']}" for out in b.res.values()
@@ -1053,6 +1128,6 @@ def main(args):
         unavailable.append(b.cgroup_note)
     save(args.out, report(b, args, header(args, b, archfs_bin, unavailable)),
          {"args": dict(vars(args), ir_links=args.ir_links), "results": b.res,
-          "streams": b.streams, "notes": b.notes, "unavailable": unavailable,
+          "streams": b.streams, "floors": b.floors, "notes": b.notes, "unavailable": unavailable,
           "files": b.n, "bytes": b.nbytes, "tar_bytes": b.tar_size})
     log(f"wrote {args.out}")
