@@ -699,6 +699,7 @@ class Bench:
         self.res = {}       # section -> tool -> result
         self.streams = {}   # link -> {"1 stream": s, "N streams": s}
         self.floors = {}    # link -> seconds of the first batch's GETs alone
+        self.store_apart = None  # where --ir-store-apart put the store and the loaders
         self.notes = []
         self.serial = 0
         self.cgroup_note = None
@@ -840,8 +841,7 @@ class Bench:
     def batch_floor(self, link):
         """What the store and the link allow a first batch of a full shuffle: BATCH ranged
         GETs of a file's mean size at random places in data.tar, FIRST_IN_FLIGHT at once
-        (curl --parallel, each on a connection of its own), as FetchAhead's first files
-        come; nothing else running. S3 has no GET of many ranges, so no loader that
+        (curl --parallel, as many connections), as FetchAhead's first files come; nothing else running. S3 has no GET of many ranges, so no loader that
         shuffles the whole dataset fetches its first batch in fewer requests."""
         url = f"{self.server.endpoint}/{BUCKET}/data.tar"
         size = max(1, round(self.nbytes / self.n))
@@ -966,8 +966,8 @@ def header(args, b, archfs_bin, unavailable):
         f"{' + uncommitted changes' if dirty else ''})",
         f"bench venv: {sh_out(vpy).rstrip(', ')}",
         f"weed: {sh_out([os.path.join(S3_VENV, 'bin', 'weed'), 'version']).splitlines()[0]}"]
-    if args.ir_store_apart:
-        machine.append(f"--ir-store-apart: {args.ir_store_apart}")
+    if b.store_apart:
+        machine.append(f"--ir-store-apart: {b.store_apart}")
     sizes = [s for _, s in b.manifest]
     p = b.paths
     kind = "files of 1-400 B (--ir-scale)" if args.ir_scale else "noise JPEGs"
@@ -1059,7 +1059,7 @@ def store_apart(net, server):
     """--ir-store-apart: the store (weed) and the link's relay on the last CPU, this bench
     and all it starts on the others, as where the store is other machines and the link
     a network: the CPU each GET and packet costs them is then not the loaders' own. The
-    threads they start later inherit it."""
+    threads they start later inherit it. Returns where each went, for the report."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit("--ir-store-apart: needs 2 CPUs or more")
@@ -1117,9 +1117,9 @@ def main(args):
         if tools & set(args.ir_tools):
             server.upload_tree(prefix, paths["src" if prefix == "jpeg" else prefix])
     sidecar_index(archfs_bin, tmp)
-    if args.ir_store_apart:
-        args.ir_store_apart = store_apart(net, server)
+    where = store_apart(net, server) if args.ir_store_apart else None
     b = Bench(args, net, server, paths, manifest, tmp, archfs_bin)
+    b.store_apart = where
     b.run()
     unavailable = [f"{t}: {r['unavailable']}" for out in b.res.values()
                    for t, r in out["tools"].items() if r["status"] == "unavailable"]
